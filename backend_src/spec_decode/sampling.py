@@ -1,0 +1,96 @@
+"""Sampling transforms and noise shared by the draft and the target.
+
+The same transforms (temperature, top-k, top-p) are applied to draft and target logits, so that rejection sampling
+compares the two distributions the request actually samples from (as vLLM's spec-decode worker does).
+Randomness is a pure function of (request seed, step, purpose, position): see :func:`generator_for`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling parameters.
+
+    Attributes:
+        temperature: >= 0; 0 means greedy (argmax) decoding.
+        top_k: keep the k most probable tokens; 0 disables.
+        top_p: keep the smallest set of tokens whose probability mass reaches top_p, in (0, 1]; 1 disables.
+        seed: request seed, a non-negative 63-bit integer (``generate`` draws one when the client sends none).
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    @property
+    def is_greedy(self) -> bool:
+        """True when temperature is 0 (argmax decoding)."""
+        return self.temperature <= 0.0
+
+
+def mix_seed(*parts: int) -> int:
+    """Hash integers into one 63-bit seed (splitmix64 steps); a pure function of its arguments."""
+    h = 0x9E3779B97F4A7C15
+    for p in parts:
+        h = (h ^ (int(p) & _MASK64)) & _MASK64
+        h = (h + 0x9E3779B97F4A7C15) & _MASK64
+        h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK64
+        h ^= h >> 31
+    return h & ((1 << 63) - 1)
+
+
+def generator_for(*parts: int) -> torch.Generator:
+    """A CPU ``torch.Generator`` seeded by :func:`mix_seed` of ``parts`` (e.g. seed, step, purpose, position)."""
+    g = torch.Generator(device="cpu")
+    g.manual_seed(mix_seed(*parts))
+    return g
+
+
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Apply temperature, top-k and top-p to logits and return probabilities.
+
+    Args:
+        logits: [..., V] any float dtype, any device.
+        params: sampling parameters; with temperature 0 the plain softmax is returned (the verifier takes its argmax).
+
+    Returns:
+        [..., V] float32 probabilities on the same device; each row sums to 1.
+
+    Follows gpt-fast's ``logits_to_probs`` and the HF/vLLM top-k/top-p warpers.
+    """
+    logits = logits.float()
+    if params.is_greedy:
+        return torch.softmax(logits, dim=-1)
+    logits = logits / params.temperature
+    vocab = logits.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, idx = torch.sort(probs, dim=-1, descending=True)
+        cum = torch.cumsum(sorted_probs, dim=-1)
+        # Drop a token when the mass before it already reaches top_p (the most probable token always stays).
+        drop_sorted = (cum - sorted_probs) >= params.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, idx, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """Draw one token id from a [V] distribution by the exponential race argmax(p / E), E ~ Exp(1).
+
+    The noise is drawn on the CPU from ``generator`` so that a seeded draw does not depend on the device.
+    """
+    e = torch.empty(probs.shape[-1], dtype=torch.float32).exponential_(1.0, generator=generator)
+    return int(torch.argmax(probs.float().cpu() / e).item())

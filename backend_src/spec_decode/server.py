@@ -1,0 +1,247 @@
+"""Start a real tritonserver on the model repository: the embedded one from nvidia-pytriton, or one on PATH.
+
+``python -m spec_decode.server`` (what ``make serve`` runs) prepares the default model, starts tritonserver on
+127.0.0.1 with HTTP_PORT, GRPC_PORT and METRICS_PORT (defaults 8000, 8001, 8002), waits until every model is READY,
+prints the ports and a client command, and serves until interrupted. Tests use :class:`TritonServer` on free ports.
+
+The embedded server follows RECIPES.md: tritonserver 2.51 from ``nvidia-pytriton==0.7.0`` laid out once under the cache
+(``bin``, ``backends``, ``caches`` and the Python 3.11 backend stub), run with its bundled libraries on
+LD_LIBRARY_PATH and the virtual environment first on PATH so the stub imports the venv's packages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+from .models import cache_dir, prepare_default_model
+
+MODELS = ("generate", "spec_step", "draft_model", "target_model", "verifier")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pytriton_root() -> Path:
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("nvidia-pytriton is not installed and no tritonserver is on PATH")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def embedded_server_dir() -> Path:
+    """Lay out the embedded tritonserver once (RECIPES.md) and return its folder."""
+    root = _pytriton_root() / "tritonserver"
+    dest = cache_dir() / f"tritonserver-py{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "python_backend_stubs" / f"{sys.version_info.major}.{sys.version_info.minor}" / "triton_python_backend_stub"
+    if (dest / "bin" / "tritonserver").exists() and (dest / "backends" / "python" / stub.name).exists():
+        return dest
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent if dest.parent.exists() else None))
+    for sub in ("bin", "backends", "caches"):
+        shutil.copytree(root / sub, tmp / sub, symlinks=True)
+    shutil.copy2(stub, tmp / "backends" / "python" / stub.name)
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp.rename(dest)
+    return dest
+
+
+def server_command() -> tuple[list[str], dict[str, str]]:
+    """The tritonserver command prefix and environment: PATH's ``tritonserver`` if any, else the embedded one."""
+    env = dict(os.environ)
+    venv_bin = str(Path(sys.executable).parent)
+    env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
+    on_path = shutil.which("tritonserver", path=os.environ.get("PATH", ""))
+    if on_path and os.environ.get("SPEC_DECODE_EMBEDDED_SERVER") != "1":
+        return [on_path], env
+    d = embedded_server_dir()
+    libs = [str(_pytriton_root().parent / "nvidia_pytriton.libs")]
+    # The stub links libpython3.X.so.1.0: make it load the same libpython as this interpreter (whose stdlib the venv
+    # uses), not whichever the system has, or extension modules fail with undefined symbols.
+    libdir = sysconfig.get_config_var("LIBDIR")
+    if libdir and (Path(libdir) / f"libpython{sys.version_info.major}.{sys.version_info.minor}.so.1.0").exists():
+        libs.insert(0, libdir)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(libs + [env.get("LD_LIBRARY_PATH", "")])
+    return [str(d / "bin" / "tritonserver"), f"--backend-directory={d / 'backends'}"], env
+
+
+_PARAM = r'(parameters:\s*\{{\s*key:\s*"{key}"\s*value:\s*\{{\s*string_value:\s*)"[^"]*"'
+
+
+def prepare_repository(overrides: dict[str, dict[str, str]] | None = None, src: Path = DEFAULT_REPOSITORY) -> Path:
+    """The model repository to serve: ``src`` itself, or a copy with config parameters overridden.
+
+    Args:
+        overrides: model name -> {parameter key -> string value}, e.g. ``{"draft_model": {"draft_model_path": p}}``.
+
+    Raises:
+        KeyError: an override names a parameter that the model's config.pbtxt does not have.
+    """
+    if not overrides:
+        return src
+    dst = Path(tempfile.mkdtemp(prefix="spec_decode_repo_"))
+    shutil.copytree(src, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+    for model, params in overrides.items():
+        cfg = dst / model / "config.pbtxt"
+        text = cfg.read_text()
+        for key, value in params.items():
+            text, n = re.subn(_PARAM.format(key=re.escape(key)), lambda m: m.group(1) + f'"{value}"', text)
+            if n != 1:
+                raise KeyError(f"{model}/config.pbtxt has no parameter {key!r}")
+        cfg.write_text(text)
+    return dst
+
+
+def draft_overrides(draft_model_path: str) -> dict[str, dict[str, str]]:
+    """Config overrides that serve ``draft_model_path`` as the draft LM and enable speculative_method=draft."""
+    return {
+        "draft_model": {"draft_model_path": draft_model_path},
+        "generate": {"draft_model_available": "true"},
+    }
+
+
+class TritonServer:
+    """A tritonserver process on 127.0.0.1 serving a model repository.
+
+    Args:
+        repository: the model repository folder.
+        http_port, grpc_port, metrics_port: ports (0 = pick a free one).
+        log_path: file for the server's stdout/stderr (None = inherit the terminal).
+        log_verbose: tritonserver --log-verbose level.
+    """
+
+    def __init__(self, repository: Path = DEFAULT_REPOSITORY, http_port: int = 0, grpc_port: int = 0,
+                 metrics_port: int = 0, log_path: Path | None = None, log_verbose: int = 0):
+        self.repository = Path(repository)
+        self.http_port = http_port or free_port()
+        self.grpc_port = grpc_port or free_port()
+        self.metrics_port = metrics_port or free_port()
+        self.log_path = log_path
+        self.log_verbose = log_verbose
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+
+    @property
+    def http_url(self) -> str:
+        """host:port of the HTTP endpoint."""
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        """host:port of the gRPC endpoint."""
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def start(self) -> "TritonServer":
+        """Launch tritonserver (returns at once; see :meth:`wait_ready`)."""
+        cmd, env = server_command()
+        cmd += [
+            f"--model-repository={self.repository}",
+            "--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1",
+            f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}", f"--metrics-port={self.metrics_port}",
+            f"--log-verbose={self.log_verbose}", "--exit-timeout-secs=10",
+        ]
+        out = None
+        if self.log_path is not None:
+            self._log = open(self.log_path, "ab")
+            out = self._log
+        self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None)
+        return self
+
+    def wait_ready(self, timeout: float = 600.0, models=MODELS) -> None:
+        """Block until every model is READY.
+
+        Raises:
+            RuntimeError: the server exited (its log tail is included) or did not get ready within ``timeout`` s.
+        """
+        import tritonclient.http as httpclient
+
+        client = httpclient.InferenceServerClient(self.http_url)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with code {self.proc.returncode}\n{self.log_tail()}")
+            try:
+                if client.is_server_live() and all(client.is_model_ready(m) for m in models):
+                    return
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"tritonserver not ready after {timeout:.0f} s\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 60) -> str:
+        """The last ``n`` lines of the server log (when logging to a file)."""
+        if self.log_path is None or not Path(self.log_path).exists():
+            return ""
+        return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-n:])
+
+    def stop(self, timeout: float = 40.0) -> None:
+        """SIGINT the server and wait for it to exit (SIGKILL after ``timeout`` s)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``make serve``: prepare the model, start tritonserver, print the ports once every model is READY."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
+    ap.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
+    ap.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
+    ap.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
+    ap.add_argument("--draft-model", default=os.environ.get("DRAFT_MODEL", ""),
+                    help="draft LM folder (or 'default' for the target itself) to enable speculative_method=draft")
+    ap.add_argument("--log-verbose", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    prepare_default_model()
+    overrides = draft_overrides(args.draft_model) if args.draft_model else None
+    repo = prepare_repository(overrides, args.model_repository)
+    server = TritonServer(repo, args.http_port, args.grpc_port, args.metrics_port, log_verbose=args.log_verbose)
+    server.start()
+    try:
+        server.wait_ready()
+        print(
+            f"\nAll models READY.\n  HTTP    http://127.0.0.1:{server.http_port}\n  gRPC    127.0.0.1:{server.grpc_port}\n"
+            f"  metrics http://127.0.0.1:{server.metrics_port}/metrics\n\nTry:\n"
+            f"  .venv/bin/python -m client.generate --url 127.0.0.1:{server.grpc_port} --humaneval 1 --max-tokens 128\n",
+            flush=True,
+        )
+        return server.proc.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

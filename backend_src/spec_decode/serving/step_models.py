@@ -1,0 +1,163 @@
+"""Backends of the three models of the ``spec_step`` ensemble: draft_model, target_model, verifier.
+
+Each takes the step protocol's inputs (DESIGN.md: sequence id, committed token ids, k, method, sampling parameters,
+seed and step, release flag) as numpy arrays (or torch tensors on GPU) and returns its outputs. A ``release`` request
+frees the sequence's caches and returns empty outputs, which flow through the ensemble to an empty result.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from ..kv_cache import CachedCausalLM
+from ..models import load_causal_lm, resolve_device, resolve_dtype, resolve_model_path
+from ..proposers import DraftModelProposer, NgramProposer
+from ..sampling import SamplingParams
+from ..scorer import TargetScorer
+from ..step import verify_step
+
+logger = logging.getLogger(__name__)
+
+STEP_INPUTS = ("sequence_id", "token_ids", "num_draft_tokens", "speculative_method", "temperature", "top_k", "top_p",
+               "random_seed", "step", "release")
+
+
+def _one(inputs: dict, name: str, default=None):
+    v = inputs.get(name)
+    if v is None:
+        if default is None:
+            raise ValueError(f"missing input '{name}'")
+        return default
+    return np.asarray(v.cpu() if isinstance(v, torch.Tensor) else v).reshape(-1)[0]
+
+
+def _params(inputs: dict) -> SamplingParams:
+    return SamplingParams(
+        temperature=float(_one(inputs, "temperature", 0.0)),
+        top_k=int(_one(inputs, "top_k", 0)),
+        top_p=float(_one(inputs, "top_p", 1.0)),
+        seed=int(_one(inputs, "random_seed", 0)),
+    )
+
+
+def _token_ids(inputs: dict) -> list[int]:
+    ids = np.asarray(inputs["token_ids"]).reshape(-1).astype(np.int64).tolist()
+    if not ids:
+        raise ValueError("token_ids must not be empty")
+    return ids
+
+
+def _is_release(inputs: dict) -> bool:
+    return bool(_one(inputs, "release", False))
+
+
+def _int_param(params: dict, name: str, default: int) -> int:
+    v = params.get(name, "")
+    return int(v) if str(v).strip() else default
+
+
+def _load_lm(path_value: str, params: dict) -> CachedCausalLM | None:
+    path = resolve_model_path(path_value)
+    if path is None:
+        return None
+    device = resolve_device(params.get("device", "auto"))
+    dtype = resolve_dtype(params.get("dtype", "auto"), device)
+    logger.info("loading %s on %s (%s)", path, device, dtype)
+    return CachedCausalLM(load_causal_lm(path, device, dtype), _int_param(params, "max_sequences", 64))
+
+
+class DraftBackend:
+    """draft_model: the proposers (draft LM when ``draft_model_path`` is set, n-gram prompt lookup).
+
+    Config parameters: draft_model_path ("" = none, "default" = the embedded target, or a folder), device, dtype,
+    max_sequences, ngram_min, ngram_max.
+    Outputs: draft_token_ids INT64 [k'], draft_probs FP32 [k', V] ([0, 0] for drafts without probabilities).
+    """
+
+    INPUTS = STEP_INPUTS
+
+    def __init__(self, params: dict[str, str]):
+        self.proposers = {
+            "ngram": NgramProposer(_int_param(params, "ngram_min", 1), _int_param(params, "ngram_max", 4)),
+        }
+        lm = _load_lm(params.get("draft_model_path", ""), params)
+        if lm is not None:
+            self.proposers["draft"] = DraftModelProposer(lm)
+
+    def cache_size(self) -> int:
+        """Sequences currently cached by the draft LM (0 without one)."""
+        p = self.proposers.get("draft")
+        return len(p.lm) if p is not None else 0
+
+    def run(self, inputs: dict) -> dict:
+        """Propose drafts for one sequence, or free its caches when ``release`` is set."""
+        seq_id = int(_one(inputs, "sequence_id"))
+        if _is_release(inputs):
+            for p in self.proposers.values():
+                p.release(seq_id)
+            return {"draft_token_ids": np.zeros(0, np.int64), "draft_probs": np.zeros((0, 0), np.float32)}
+        method = _one(inputs, "speculative_method", b"none")
+        method = method.decode() if isinstance(method, bytes) else str(method)
+        k = int(_one(inputs, "num_draft_tokens", 0))
+        if method == "none" or k <= 0:
+            return {"draft_token_ids": np.zeros(0, np.int64), "draft_probs": np.zeros((0, 0), np.float32)}
+        if method not in self.proposers:
+            raise ValueError(
+                f"speculative_method={method!r} is not served here; available: none, {', '.join(self.proposers)}"
+            )
+        proposal = self.proposers[method].propose(seq_id, _token_ids(inputs), k, _params(inputs), int(_one(inputs, "step", 0)))
+        probs = proposal.draft_probs
+        if probs is None:
+            probs = torch.zeros((0, 0), dtype=torch.float32)
+        return {"draft_token_ids": proposal.draft_token_ids.to(torch.int64).numpy(), "draft_probs": probs}
+
+
+class TargetBackend:
+    """target_model: the scorer over k+1 positions with the per-sequence KV cache.
+
+    Config parameters: model_path ("default" = the embedded SmolLM2-135M-Instruct), device, dtype, max_sequences.
+    Output: target_probs FP32 [k+1, V] (on the model's device; [0, 0] for a release).
+    """
+
+    INPUTS = ("sequence_id", "token_ids", "draft_token_ids", "temperature", "top_k", "top_p", "release")
+
+    def __init__(self, params: dict[str, str]):
+        lm = _load_lm(params.get("model_path", "default") or "default", params)
+        self.scorer = TargetScorer(lm)
+
+    def run(self, inputs: dict) -> dict:
+        """Score drafts for one sequence, or free its KV cache when ``release`` is set."""
+        seq_id = int(_one(inputs, "sequence_id"))
+        if _is_release(inputs):
+            self.scorer.release(seq_id)
+            return {"target_probs": torch.zeros((0, 0), dtype=torch.float32)}
+        drafts = np.asarray(inputs.get("draft_token_ids", np.zeros(0, np.int64))).reshape(-1).tolist()
+        probs = self.scorer.score(seq_id, _token_ids(inputs), drafts, _params(inputs))
+        return {"target_probs": probs.float()}
+
+
+class VerifierBackend:
+    """verifier: rejection sampling (greedy check at temperature 0).
+
+    Outputs: output_ids INT64 [n] (1 <= n <= k+1), output_log_probs FP32 [n]; both empty for a release.
+    """
+
+    INPUTS = ("target_probs", "draft_token_ids", "draft_probs", "temperature", "random_seed", "step")
+
+    def __init__(self, params: dict[str, str]):
+        self.params = params
+
+    def run(self, inputs: dict) -> dict:
+        """Verify one sequence's drafts against its target probabilities."""
+        tp = torch.as_tensor(inputs["target_probs"])
+        if tp.shape[0] == 0:  # release
+            return {"output_ids": np.zeros(0, np.int64), "output_log_probs": np.zeros(0, np.float32)}
+        drafts = torch.as_tensor(np.asarray(inputs["draft_token_ids"]).reshape(-1).astype(np.int64))
+        dp = inputs.get("draft_probs")
+        dp = None if dp is None or np.prod(tuple(dp.shape)) == 0 else torch.as_tensor(dp)
+        greedy = float(_one(inputs, "temperature", 0.0)) <= 0.0
+        ids, lps = verify_step(tp, drafts, dp, int(_one(inputs, "random_seed", 0)), int(_one(inputs, "step", 0)), greedy)
+        return {"output_ids": np.asarray(ids, np.int64), "output_log_probs": np.asarray(lps, np.float32)}

@@ -1,0 +1,14 @@
+"""Triton adapter of the draft_model model: tensors in and out, logic in spec_decode.serving.step_models.DraftBackend."""
+
+import triton_python_backend_utils as pb_utils
+
+from spec_decode.serving.adapter import execute, model_parameters
+from spec_decode.serving.step_models import DraftBackend
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.backend = DraftBackend(model_parameters(args))
+
+    def execute(self, requests):
+        return execute(self.backend, requests, pb_utils)

@@ -1,0 +1,18 @@
+"""Triton adapter of the decoupled generate model; logic in spec_decode.serving.generate.GenerateBackend."""
+
+import asyncio
+
+import triton_python_backend_utils as pb_utils
+
+from spec_decode.serving.adapter import model_parameters
+from spec_decode.serving.generate import GenerateBackend
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.backend = GenerateBackend(model_parameters(args), pb_utils)
+
+    async def execute(self, requests):
+        # Decoupled async execute: every request streams its own responses; requests run concurrently.
+        await asyncio.gather(*(self.backend.handle(r) for r in requests))
+        return None

@@ -1,0 +1,14 @@
+"""Triton adapter of the target_model model: tensors in and out, logic in spec_decode.serving.step_models.TargetBackend."""
+
+import triton_python_backend_utils as pb_utils
+
+from spec_decode.serving.adapter import execute, model_parameters
+from spec_decode.serving.step_models import TargetBackend
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.backend = TargetBackend(model_parameters(args))
+
+    def execute(self, requests):
+        return execute(self.backend, requests, pb_utils)

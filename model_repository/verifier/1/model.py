@@ -1,0 +1,14 @@
+"""Triton adapter of the verifier model: tensors in and out, logic in spec_decode.serving.step_models.VerifierBackend."""
+
+import triton_python_backend_utils as pb_utils
+
+from spec_decode.serving.adapter import execute, model_parameters
+from spec_decode.serving.step_models import VerifierBackend
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.backend = VerifierBackend(model_parameters(args))
+
+    def execute(self, requests):
+        return execute(self.backend, requests, pb_utils)
