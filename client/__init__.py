@@ -1,0 +1,1 @@
+"""tritonclient-based client tools for the ``generate`` model (CLI, datasets, benchmarks)."""

@@ -1,0 +1,58 @@
+"""Shared fixtures: tiny random models for unit tests, the real embedded model, and a real tritonserver."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def tiny_lm():
+    """A tiny random LlamaForCausalLM (vocabulary 97, 2 layers) in eval mode, fixed seed."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=256)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="session")
+def real_model_dir():
+    """Folder of the embedded default target (SmolLM2-135M-Instruct), converted once."""
+    from spec_decode.models import prepare_default_model
+
+    return prepare_default_model()
+
+
+@pytest.fixture(scope="session")
+def real_tokenizer(real_model_dir):
+    """The embedded target's tokenizer."""
+    from spec_decode.models import load_tokenizer
+
+    return load_tokenizer(real_model_dir)
+
+
+@pytest.fixture(scope="session")
+def real_model(real_model_dir):
+    """The embedded target model, float32 on CPU."""
+    from spec_decode.models import load_causal_lm
+
+    return load_causal_lm(real_model_dir, torch.device("cpu"), torch.float32)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """A real tritonserver on free ports serving the repository; the target drafts for itself (method=draft)."""
+    from spec_decode.server import TritonServer, draft_overrides, prepare_repository
+
+    repo = prepare_repository(draft_overrides("default"))
+    log = tmp_path_factory.mktemp("triton") / "server.log"
+    srv = TritonServer(repo, log_path=log)
+    srv.start()
+    try:
+        srv.wait_ready(timeout=600)
+        yield srv
+    finally:
+        srv.stop()
+        print(f"\n--- tritonserver log tail ({log}) ---\n{srv.log_tail(40)}")

@@ -1,0 +1,138 @@
+"""Against a real tritonserver (fixture ``server``), through tritonclient as users do, on the real embedded model."""
+
+import json
+
+import numpy as np
+import pytest
+import requests
+import torch
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from client.datasets import humaneval_prompts
+from client.generate import build_inputs, stream_generate
+
+N_PROMPTS, N_TOKENS = 5, 64
+
+
+@pytest.fixture(scope="module")
+def greedy_references(real_model, real_tokenizer):
+    """In-process transformers generate(do_sample=False) of the target alone: (prompt, new ids) for 5 HumanEval prompts."""
+    refs = []
+    for prompt in humaneval_prompts(N_PROMPTS):
+        ids = real_tokenizer(prompt, return_tensors="pt")["input_ids"]
+        with torch.inference_mode():
+            out = real_model.generate(ids, max_new_tokens=N_TOKENS, do_sample=False)[0, ids.shape[1]:].tolist()
+        eos = real_tokenizer.eos_token_id
+        refs.append((prompt, out[: out.index(eos)] if eos in out else out))
+    return refs
+
+
+@pytest.mark.parametrize("method", ["none", "ngram", "draft"])
+def test_greedy_output_equals_target_greedy(server, greedy_references, method):
+    for prompt, ref in greedy_references:
+        r = stream_generate(server.grpc_url, prompt, N_TOKENS, speculative_method=method, num_draft_tokens=4)
+        assert r.output_ids == ref, (method, prompt[:60])
+        assert r.stats["num_emitted_tokens"] == len(ref)
+        if method == "none":
+            # one step per token, plus the step that produced EOS (not emitted) when generation stopped there
+            eos_step = r.stats["finish_reason"] == "stop"
+            assert r.stats["num_draft_tokens_total"] == 0 and r.stats["num_steps"] == len(ref) + eos_step
+
+
+def test_streaming_sends_multi_token_steps_that_concatenate(server, real_tokenizer, greedy_references):
+    prompt, ref = greedy_references[0]
+    r = stream_generate(server.grpc_url, prompt, N_TOKENS, speculative_method="draft", num_draft_tokens=4)
+    assert len(r.responses) > 3
+    assert max(len(ids) for _, _, ids in r.responses) > 1
+    assert "".join(t for _, t, _ in r.responses) == r.text == real_tokenizer.decode(ref, skip_special_tokens=True)
+    # mean tokens per step above 1 with the self-draft (every draft accepted)
+    assert r.stats["num_accepted_tokens"] == r.stats["num_draft_tokens_total"] > 0
+    assert r.tokens_per_step > 1.5
+
+
+def test_max_tokens_end_id_and_stop_word_inside_accepted_run(server, real_tokenizer, greedy_references):
+    prompt, ref = greedy_references[1]
+    # k=4 and every draft accepted: steps emit 5 tokens; 7 ends inside the second step's run.
+    r = stream_generate(server.grpc_url, prompt, 7, speculative_method="draft", num_draft_tokens=4)
+    assert r.output_ids == ref[:7] and r.stats["finish_reason"] == "length"
+    assert r.stats["num_emitted_tokens"] == 7
+
+    pos = next(i for i in range(6, len(ref)) if ref[i] not in ref[:i] and i % 5 not in (0, 4))
+    r = stream_generate(server.grpc_url, prompt, N_TOKENS, speculative_method="draft", end_id=ref[pos])
+    assert r.output_ids == ref[:pos] and r.stats["finish_reason"] == "stop"
+    assert r.stats["num_emitted_tokens"] == pos
+
+    full = real_tokenizer.decode(ref, skip_special_tokens=True)
+    # a 4-character stop string whose first occurrence starts after the 8th token, well before the end
+    start = len(real_tokenizer.decode(ref[:8], skip_special_tokens=True))
+    word = next(full[a : a + 4] for a in range(start, len(full) - 30) if full.index(full[a : a + 4]) == a)
+    r = stream_generate(server.grpc_url, prompt, N_TOKENS, speculative_method="draft", stop_words=[word])
+    assert r.text == full[: full.index(word)] and r.stats["finish_reason"] == "stop"
+    assert word not in r.text and len(r.output_ids) < len(ref)
+
+
+@pytest.mark.parametrize(
+    "prompt, params, field",
+    [
+        ("", {}, "text_input"),
+        (b"\xff\xfe\xfd", {}, "text_input"),
+        ("hi", {"max_tokens": 0}, "max_tokens"),
+        ("hi", {"max_tokens": -5}, "max_tokens"),
+        ("hi", {"speculative_method": "magic"}, "speculative_method"),
+        ("hi", {"num_draft_tokens": 1000}, "num_draft_tokens"),
+        ("hi", {"temperature": -1.0}, "temperature"),
+        ("hi", {"top_p": 2.0}, "top_p"),
+        ("hi", {"end_id": 10**7}, "end_id"),
+    ],
+)
+def test_bad_input_gets_error_naming_the_field_and_server_goes_on(server, prompt, params, field):
+    max_tokens = params.pop("max_tokens", 4)
+    with pytest.raises(InferenceServerException, match=field):
+        stream_generate(server.grpc_url, prompt, max_tokens, **params)
+    ok = stream_generate(server.grpc_url, "Hello", 3, speculative_method="ngram")
+    assert len(ok.output_ids) == 3
+
+
+def test_seeded_sampling_gives_same_text_twice(server):
+    kw = dict(temperature=0.8, random_seed=1234, speculative_method="draft")
+    a = stream_generate(server.grpc_url, "Once upon a time", 32, **kw)
+    b = stream_generate(server.grpc_url, "Once upon a time", 32, **kw)
+    c = stream_generate(server.grpc_url, "Once upon a time", 32, **{**kw, "random_seed": 99})
+    assert a.text == b.text and a.output_ids == b.output_ids
+    assert a.output_ids != c.output_ids
+
+
+def test_http_generate_and_generate_stream(server, greedy_references):
+    prompt, ref = greedy_references[2]
+    base = f"http://{server.http_url}/v2/models/generate"
+    body = {"text_input": prompt, "max_tokens": 16, "stream": False, "exclude_input_in_output": True}
+    r = requests.post(f"{base}/generate", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    assert r.json()["output_ids"] == ref[:16]
+
+    r = requests.post(f"{base}/generate_stream", json={**body, "stream": True, "speculative_method": "draft"},
+                      stream=True, timeout=300)
+    events = [json.loads(line[len(b"data: "):]) for line in r.iter_lines() if line.startswith(b"data: ")]
+    # Triton's generate extension renders one-element tensors as JSON scalars.
+    ids = [i for e in events for i in (e["output_ids"] if isinstance(e["output_ids"], list) else [e["output_ids"]])]
+    assert len(events) > 1 and ids == ref[:16]
+
+    r = requests.post(f"{base}/generate", json={"text_input": "hi", "max_tokens": 0}, timeout=60)
+    assert r.status_code == 400 and "max_tokens" in r.text
+
+
+def test_cancelled_stream_leaves_server_serving(server):
+    """Cancel a long stream after its first response; the server keeps serving the next request."""
+    import queue
+
+    q = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: q.put((result, error)))
+    client.async_stream_infer("generate", build_inputs("Write a long story.", 512, speculative_method="none"))
+    res, err = q.get(timeout=120)
+    assert err is None
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    ok = stream_generate(server.grpc_url, "Hello", 3)
+    assert len(ok.output_ids) == 3

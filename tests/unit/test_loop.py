@@ -1,0 +1,78 @@
+"""The generation loop's stop conditions inside an accepted run, streaming text, and statistics (real tokenizer)."""
+
+import pytest
+
+from spec_decode.loop import Generation, StepResult
+from spec_decode.request import GenerationRequest
+
+
+def _gen(tok, text_ids, **kw):
+    req = GenerationRequest("p", kw.pop("max_tokens", 100), speculative_method="ngram", **kw)
+    return Generation(1, tok("hello")["input_ids"], req, tok, [tok.eos_token_id], 2048, 0)
+
+
+def _run(gen, ids, per_step=5):
+    """Feed ``ids`` in steps of ``per_step`` tokens (all drafts 'accepted') until the generation finishes."""
+    chunks, i = [], 0
+    while not gen.finished and i < len(ids):
+        chunks.append(gen.commit(StepResult(ids[i : i + per_step], per_step - 1)))
+        i += per_step
+    return chunks
+
+
+def test_max_tokens_inside_an_accepted_run(real_tokenizer):
+    ids = real_tokenizer(" one two three four five six seven eight nine ten")["input_ids"]
+    gen = _gen(real_tokenizer, ids, max_tokens=7)
+    chunks = _run(gen, ids)
+    assert gen.output_ids == ids[:7] and sum(len(c.token_ids) for c in chunks) == 7
+    assert gen.finish_reason == "length" and chunks[-1].finished
+    assert gen.stats.emitted_tokens == 7 and gen.stats.accepted_tokens == 4 + 2  # step 2 keeps 2 of its 4 accepted
+
+
+def test_end_id_inside_an_accepted_run_is_not_emitted(real_tokenizer):
+    ids = real_tokenizer(" alpha beta gamma delta epsilon zeta eta theta")["input_ids"]
+    gen = _gen(real_tokenizer, ids, end_id=ids[6])
+    chunks = _run(gen, ids)
+    assert gen.output_ids == ids[:6] and gen.finish_reason == "stop"
+    assert "".join(c.text for c in chunks) == real_tokenizer.decode(ids[:6])
+
+
+def test_stop_word_cuts_text_and_nothing_after_is_sent(real_tokenizer):
+    text = " red green blue STOP yellow purple"
+    ids = real_tokenizer(text)["input_ids"]
+    gen = _gen(real_tokenizer, ids, stop_words=[" STOP"])
+    chunks = _run(gen, ids, per_step=4)
+    out = "".join(c.text for c in chunks)
+    assert out == " red green blue" and gen.finish_reason == "stop"
+    assert "yellow" not in real_tokenizer.decode(gen.output_ids)
+
+
+def test_stop_word_prefix_is_held_back_until_resolved(real_tokenizer):
+    ids = real_tokenizer(" a\n b\n\n c")["input_ids"]
+    gen = _gen(real_tokenizer, ids, stop_words=["\n\n"])
+    chunks = _run(gen, ids, per_step=1)
+    assert "".join(c.text for c in chunks) == " a\n b"
+    assert all("\n\n" not in c.text for c in chunks)
+
+
+def test_utf8_never_broken_across_chunks(real_tokenizer):
+    text = " caf\u00e9 \U0001F600\U0001F680 na\u00efve \u4f60\u597d"
+    ids = real_tokenizer(text)["input_ids"]
+    gen = _gen(real_tokenizer, ids)
+    chunks = _run(gen, ids, per_step=1)
+    assert all("\ufffd" not in c.text for c in chunks)
+    assert "".join(c.text for c in chunks) == real_tokenizer.decode(ids)
+
+
+def test_prompt_too_long_raises(real_tokenizer):
+    req = GenerationRequest("p", 4)
+    with pytest.raises(ValueError, match="max_model_len"):
+        Generation(1, list(range(10)), req, real_tokenizer, [], 10, 0)
+
+
+def test_next_step_clamps_k_to_remaining_tokens(real_tokenizer):
+    req = GenerationRequest("p", 3, num_draft_tokens=8, speculative_method="draft")
+    gen = Generation(1, [1, 2], req, real_tokenizer, [], 2048, 0)
+    assert gen.next_step().num_draft_tokens == 2
+    req = GenerationRequest("p", 3, num_draft_tokens=8, speculative_method="none")
+    assert Generation(1, [1, 2], req, real_tokenizer, [], 2048, 0).next_step().num_draft_tokens == 0

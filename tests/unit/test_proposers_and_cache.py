@@ -1,0 +1,107 @@
+"""n-gram proposer, the per-sequence KV cache (reuse, rollback, LRU), the scorer and the draft LM, on a tiny model."""
+
+import torch
+
+from spec_decode.kv_cache import CachedCausalLM
+from spec_decode.loop import Generation, LocalStep, run_local
+from spec_decode.proposers import DraftModelProposer, NgramProposer
+from spec_decode.request import GenerationRequest
+from spec_decode.sampling import SamplingParams, logits_to_probs
+from spec_decode.scorer import TargetScorer
+
+GREEDY = SamplingParams()
+
+
+def test_ngram_proposes_continuation_of_most_recent_match():
+    p = NgramProposer(1, 3)
+    ids = [5, 6, 7, 8, 1, 5, 6, 7, 9, 2, 5, 6, 7]
+    # The tail [5, 6, 7] last occurred at index 5, followed by 9, 2, 5.
+    assert p.propose(0, ids, 3, GREEDY, 0).draft_token_ids.tolist() == [9, 2, 5]
+    assert p.propose(0, ids, 10, GREEDY, 0).draft_token_ids.tolist() == [9, 2, 5, 6, 7]
+    assert p.propose(0, [1, 2, 3], 4, GREEDY, 0).draft_token_ids.numel() == 0  # no match
+    assert p.propose(0, ids, 0, GREEDY, 0).draft_token_ids.numel() == 0
+    assert p.propose(0, ids, 3, GREEDY, 0).draft_probs is None
+
+
+def test_ngram_falls_back_to_shorter_matches():
+    p = NgramProposer(1, 4)
+    assert p.propose(0, [4, 9, 3, 1, 2, 4], 2, GREEDY, 0).draft_token_ids.tolist() == [9, 3]
+
+
+def _full_logits(model, ids):
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([ids])).logits[0]
+
+
+def test_cached_logits_equal_uncached_across_rollback(tiny_lm):
+    lm = CachedCausalLM(tiny_lm, max_sequences=4)
+    seq = [3, 14, 15, 92, 65, 35, 89, 79]
+    out = lm.logits(1, seq[:5], 1)
+    torch.testing.assert_close(out, _full_logits(tiny_lm, seq[:5])[-1:], atol=1e-5, rtol=1e-4)
+    # Extend with "drafts", then roll back to a different continuation: the cache must crop to the common prefix.
+    lm.logits(1, seq[:5] + [1, 2, 3], 4)
+    alt = seq[:6] + [7, 7]
+    out = lm.logits(1, alt, 3)
+    torch.testing.assert_close(out, _full_logits(tiny_lm, alt)[-3:], atol=1e-5, rtol=1e-4)
+    assert lm.cached_ids(1) == alt
+    # Asking again for the last position of the cached tokens recomputes just that token.
+    torch.testing.assert_close(lm.logits(1, alt, 1), _full_logits(tiny_lm, alt)[-1:], atol=1e-5, rtol=1e-4)
+
+
+def test_cache_is_lru_bounded_and_released(tiny_lm):
+    lm = CachedCausalLM(tiny_lm, max_sequences=2)
+    for s in range(3):
+        lm.logits(s, [1, 2, 3], 1)
+    assert len(lm) == 2 and lm.cached_ids(0) is None
+    assert lm.release(2) and not lm.release(2)
+    assert len(lm) == 1
+
+
+def test_scorer_returns_k_plus_one_distributions(tiny_lm):
+    scorer = TargetScorer(CachedCausalLM(tiny_lm))
+    probs = scorer.score(1, [1, 2, 3], [4, 5], GREEDY)
+    assert probs.shape == (3, 97)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(3))
+    torch.testing.assert_close(probs, torch.softmax(_full_logits(tiny_lm, [1, 2, 3, 4, 5])[-3:], -1), atol=1e-5, rtol=1e-4)
+
+
+def test_top_k_top_p_transforms():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0]])
+    pk = logits_to_probs(logits, SamplingParams(temperature=1.0, top_k=2))
+    assert (pk[0, 2:] == 0).all() and abs(float(pk.sum()) - 1) < 1e-6
+    pp = logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=0.5))
+    assert (pp[0, 1:] == 0).all()  # the top token has ~64% of the mass
+
+
+class _DummyTokenizer:
+    """Decodes token t as chr(ord('a') + t % 26): enough for the loop's text bookkeeping."""
+
+    def decode(self, ids, **kw):
+        return "".join(chr(ord("a") + t % 26) for t in ids)
+
+
+def test_self_draft_greedy_equals_plain_greedy(tiny_lm):
+    """Draft LM = target, greedy: every draft is accepted and the output equals greedy decoding."""
+    prompt = [5, 17, 3]
+    with torch.inference_mode():
+        ref = tiny_lm.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
+                               eos_token_id=None, pad_token_id=0)[0, 3:].tolist()
+    step = LocalStep({"draft": DraftModelProposer(CachedCausalLM(tiny_lm)), "ngram": NgramProposer()},
+                     TargetScorer(CachedCausalLM(tiny_lm)))
+    for method in ("none", "ngram", "draft"):
+        gen = Generation(7, prompt, GenerationRequest("x", 20, speculative_method=method), _DummyTokenizer(), [], 256, 0)
+        run_local(gen, step)
+        assert gen.output_ids == ref, method
+    assert gen.stats.accepted_tokens == gen.stats.draft_tokens > 0
+    assert len(step.scorer.lm) == 0  # run_local released the caches
+
+
+def test_seeded_sampling_is_reproducible(tiny_lm):
+    step = LocalStep({"draft": DraftModelProposer(CachedCausalLM(tiny_lm))}, TargetScorer(CachedCausalLM(tiny_lm)))
+    outs = []
+    for seed in (1, 1, 2):
+        req = GenerationRequest("x", 16, temperature=0.8, speculative_method="draft")
+        gen = Generation(seed, [1, 2], req, _DummyTokenizer(), [], 256, seed)
+        run_local(gen, step)
+        outs.append(gen.output_ids)
+    assert outs[0] == outs[1] and outs[0] != outs[2]

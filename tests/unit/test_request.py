@@ -1,0 +1,47 @@
+"""Request validation: every bad field gets an error naming it."""
+
+import numpy as np
+import pytest
+
+from spec_decode.request import InvalidInputError, ServerLimits, parse_request
+
+LIMITS = ServerLimits(methods=("none", "ngram"))
+
+
+def _req(**kw):
+    base = {"text_input": np.array([b"hi"], object), "max_tokens": np.array([8], np.int32)}
+    base.update(kw)
+    return base
+
+
+def test_defaults():
+    r = parse_request(_req(), LIMITS)
+    assert (r.text_input, r.max_tokens, r.speculative_method, r.temperature) == ("hi", 8, "ngram", 0.0)
+
+
+@pytest.mark.parametrize(
+    "inputs, field",
+    [
+        ({"text_input": np.array([b""], object)}, "text_input"),
+        ({"text_input": np.array([b"\xff\xfe"], object)}, "text_input"),
+        ({"max_tokens": np.array([0], np.int32)}, "max_tokens"),
+        ({"max_tokens": np.array([10**6], np.int32)}, "max_tokens"),
+        ({"max_tokens": np.array([1.5], np.float32)}, "max_tokens"),
+        ({"temperature": np.array([-1.0], np.float32)}, "temperature"),
+        ({"top_p": np.array([0.0], np.float32)}, "top_p"),
+        ({"top_k": np.array([-2], np.int32)}, "top_k"),
+        ({"speculative_method": np.array([b"magic"], object)}, "speculative_method"),
+        ({"speculative_method": np.array([b"draft"], object)}, "speculative_method"),  # no draft model here
+        ({"num_draft_tokens": np.array([99], np.int32)}, "num_draft_tokens"),
+        ({"stop_words": np.array([b""], object)}, "stop_words"),
+    ],
+)
+def test_bad_fields_are_named(inputs, field):
+    with pytest.raises(InvalidInputError, match=f"'{field}'") as e:
+        parse_request(_req(**inputs), LIMITS)
+    assert e.value.field == field
+
+
+def test_missing_required():
+    with pytest.raises(InvalidInputError, match="'max_tokens'"):
+        parse_request({"text_input": np.array([b"x"], object)}, LIMITS)
