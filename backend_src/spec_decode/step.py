@@ -51,7 +51,9 @@ def verify_step(
     )[0].cpu()
     n = int((out >= 0).sum())
     ids = out[:n]
-    lp = torch.log(target_probs.float().cpu()[torch.arange(n), ids].clamp_min(1e-38))
+    # Gather the n emitted tokens' probabilities on the device; only n floats come to the host.
+    rows = torch.arange(n, device=target_probs.device)
+    lp = torch.log(target_probs[rows, ids.to(target_probs.device)].float().clamp_min(1e-38)).cpu()
     return ids.tolist(), lp.tolist()
 
 

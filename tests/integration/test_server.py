@@ -42,8 +42,11 @@ def test_greedy_output_equals_target_greedy(server, greedy_references, method):
 
 def test_streaming_sends_multi_token_steps_that_concatenate(server, real_tokenizer, greedy_references):
     prompt, ref = greedy_references[0]
-    r = stream_generate(server.grpc_url, prompt, N_TOKENS, speculative_method="draft", num_draft_tokens=4)
+    r = stream_generate(server.grpc_url, prompt, N_TOKENS, speculative_method="draft", num_draft_tokens=4,
+                        return_log_probs=True)
     assert len(r.responses) > 3
+    lps = r.stats["output_log_probs"]
+    assert len(lps) == len(r.output_ids) and all(lp <= 0.0 for lp in lps)
     assert max(len(ids) for _, _, ids in r.responses) > 1
     assert "".join(t for _, t, _ in r.responses) == r.text == real_tokenizer.decode(ref, skip_special_tokens=True)
     # mean tokens per step above 1 with the self-draft (every draft accepted)
