@@ -1,8 +1,10 @@
-"""The verifier: accepts a prefix of the draft tokens so the output follows the target distribution.
+"""The verifier: accepts a prefix of the draft tokens (rejection sampling, lossless; typical acceptance, approximate).
 
-``rejection_sample`` is the public API (see :mod:`spec_decode.verifier.rejection`).
+Public API (:mod:`spec_decode.verifier.rejection`): ``rejection_sample`` and ``typical_acceptance_sample``. CUDA tensors
+run the Triton kernels of :mod:`spec_decode.verifier.kernels`; CPU tensors the torch maths of
+:mod:`spec_decode.verifier.torch_impl`.
 """
 
-from .rejection import rejection_sample, validate_inputs
+from .rejection import rejection_sample, typical_acceptance_sample, validate_inputs
 
-__all__ = ["rejection_sample", "validate_inputs"]
+__all__ = ["rejection_sample", "typical_acceptance_sample", "validate_inputs"]
