@@ -55,7 +55,8 @@ def build_inputs(prompt: str, max_tokens: int, **params):
     """gRPC input tensors for ``generate``: text_input, max_tokens, plus any optional input given (None = omitted).
 
     Optional keyword names and types: temperature, top_p (FP32); top_k, num_draft_tokens, end_id (INT32);
-    random_seed (UINT64); stream, exclude_input_in_output, return_log_probs (BOOL); speculative_method (STRING);
+    random_seed (UINT64); stream, exclude_input_in_output, return_log_probs (BOOL); speculative_method,
+    acceptance_method (STRING);
     stop_words (list of STRING).
     """
     import tritonclient.grpc as grpcclient
@@ -65,6 +66,7 @@ def build_inputs(prompt: str, max_tokens: int, **params):
         "num_draft_tokens": ("INT32", np.int32), "end_id": ("INT32", np.int32), "random_seed": ("UINT64", np.uint64),
         "stream": ("BOOL", np.bool_), "exclude_input_in_output": ("BOOL", np.bool_),
         "return_log_probs": ("BOOL", np.bool_), "speculative_method": ("BYTES", np.object_),
+        "acceptance_method": ("BYTES", np.object_),
     }
     values = {"text_input": ("BYTES", np.array([prompt.encode() if isinstance(prompt, str) else prompt], np.object_)),
               "max_tokens": ("INT32", np.array([max_tokens], np.int32))}
@@ -166,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--method", dest="speculative_method", choices=["none", "ngram", "draft"], default=None,
                     help="speculative_method (server default when omitted)")
+    ap.add_argument("--acceptance", dest="acceptance_method", choices=["rejection", "typical"], default=None,
+                    help="acceptance_method: rejection (lossless, default) or typical (faster, not lossless)")
     ap.add_argument("--num-draft-tokens", type=int, default=None)
     ap.add_argument("--temperature", type=float, default=None)
     ap.add_argument("--top-k", type=int, default=None)
@@ -181,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         prompts = file_prompts(args.prompts_file)
     else:
         prompts = humaneval_prompts(args.humaneval or 1)
-    params = {k: getattr(args, k) for k in ("speculative_method", "num_draft_tokens", "temperature", "top_k", "top_p",
-                                            "random_seed", "stop_words")}
+    params = {k: getattr(args, k) for k in ("speculative_method", "acceptance_method", "num_draft_tokens",
+                                            "temperature", "top_k", "top_p", "random_seed", "stop_words")}
     for prompt in prompts:
         if not args.json:
             sys.stdout.write(f"\033[2m{prompt}\033[0m")

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
-import torch
+import os
+
+# The verifier's Triton kernels run on CPU tensors under the interpreter; it must be set before they are defined.
+# (The sm_90 compile check runs in a subprocess without it.)
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -31,6 +31,7 @@ class StepInputs:
         method: speculative method (none, draft, ngram).
         params: sampling parameters (with the request seed).
         step: step counter (0-based), mixed into the noise seed.
+        acceptance_method: "rejection", "typical", or "" for the verifier's default.
     """
 
     seq_id: int
@@ -39,6 +40,7 @@ class StepInputs:
     method: str
     params: SamplingParams
     step: int
+    acceptance_method: str = ""
 
 
 @dataclass
@@ -145,7 +147,8 @@ class Generation:
         req = self.request
         remaining = min(req.max_tokens - self.stats.emitted_tokens, self.max_model_len - len(self.token_ids))
         k = 0 if req.speculative_method == "none" else max(0, min(req.num_draft_tokens, remaining - 1))
-        return StepInputs(self.seq_id, list(self.token_ids), k, req.speculative_method, self.params, self.stats.steps)
+        return StepInputs(self.seq_id, list(self.token_ids), k, req.speculative_method, self.params, self.stats.steps,
+                          req.acceptance_method)
 
     def _held_back(self) -> int:
         """Characters at the end of ``text`` that could begin a stop word (not sent until resolved)."""
@@ -222,22 +225,21 @@ class LocalStep:
     Args:
         proposers: method name -> proposer (``none`` needs no entry).
         scorer: the :class:`~spec_decode.scorer.TargetScorer`.
-        verify: a callable ``(target_probs [1,k+1,V], draft_ids [1,k], draft_probs, seeds, is_greedy) -> [1,k+1]``;
-            defaults to :func:`spec_decode.verifier.rejection_sample`.
+        verifier: a :class:`~spec_decode.step.Verifier` (default: rejection sampling).
     """
 
-    def __init__(self, proposers, scorer, verify=None):
-        from .verifier import rejection_sample
+    def __init__(self, proposers, scorer, verifier=None):
+        from .step import Verifier
 
         self.proposers = dict(proposers)
         self.scorer = scorer
-        self.verify = verify or rejection_sample
+        self.verifier = verifier or Verifier()
 
     def __call__(self, inp: StepInputs) -> StepResult:
         """Run draft -> target -> verifier for one sequence."""
         from .step import run_step
 
-        return run_step(inp, self.proposers, self.scorer, self.verify)
+        return run_step(inp, self.proposers, self.scorer, self.verifier)
 
     def release(self, seq_id: int) -> None:
         """Free every per-sequence cache of ``seq_id``."""

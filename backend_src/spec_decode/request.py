@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 METHODS = ("none", "draft", "ngram")
+ACCEPTANCE_METHODS = ("rejection", "typical")
 
 
 class InvalidInputError(ValueError):
@@ -57,6 +58,7 @@ class GenerationRequest:
     return_log_probs: bool = False
     num_draft_tokens: int = 4
     speculative_method: str = "ngram"
+    acceptance_method: str = ""  # "" = the verifier's configured default
 
 
 def _scalar(inputs: dict, name: str, kinds: str, what: str):
@@ -155,6 +157,14 @@ def parse_request(inputs: dict[str, np.ndarray], limits: ServerLimits) -> Genera
         if method not in limits.methods:
             raise InvalidInputError("speculative_method", f"{method!r} is not one of {', '.join(limits.methods)}")
         req.speculative_method = method
+    am = _scalar(inputs, "acceptance_method", "OSU", "string")
+    if am is not None:
+        am = _text(am, "acceptance_method").strip().lower()
+        if am not in ACCEPTANCE_METHODS:
+            raise InvalidInputError(
+                "acceptance_method", f"{am!r} is not one of {', '.join(ACCEPTANCE_METHODS)} (typical is not lossless)"
+            )
+        req.acceptance_method = am
     nd = _scalar(inputs, "num_draft_tokens", "iu", "integer")
     if nd is not None:
         if not 0 <= int(nd) <= limits.max_num_draft_tokens:

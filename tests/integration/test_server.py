@@ -87,6 +87,7 @@ def test_max_tokens_end_id_and_stop_word_inside_accepted_run(server, real_tokeni
         ("hi", {"temperature": -1.0}, "temperature"),
         ("hi", {"top_p": 2.0}, "top_p"),
         ("hi", {"end_id": 10**7}, "end_id"),
+        ("hi", {"acceptance_method": "maybe"}, "acceptance_method"),
     ],
 )
 def test_bad_input_gets_error_naming_the_field_and_server_goes_on(server, prompt, params, field):
@@ -104,6 +105,16 @@ def test_seeded_sampling_gives_same_text_twice(server):
     c = stream_generate(server.grpc_url, "Once upon a time", 32, **{**kw, "random_seed": 99})
     assert a.text == b.text and a.output_ids == b.output_ids
     assert a.output_ids != c.output_ids
+    kw["acceptance_method"] = "typical"
+    t1 = stream_generate(server.grpc_url, "Once upon a time", 32, **kw)
+    t2 = stream_generate(server.grpc_url, "Once upon a time", 32, **kw)
+    assert t1.output_ids == t2.output_ids and t1.stats["num_accepted_tokens"] > 0
+
+
+def test_typical_acceptance_at_temperature_zero_is_still_target_greedy(server, greedy_references):
+    prompt, ref = greedy_references[3]
+    r = stream_generate(server.grpc_url, prompt, N_TOKENS, speculative_method="ngram", acceptance_method="typical")
+    assert r.output_ids == ref
 
 
 def test_http_generate_and_generate_stream(server, greedy_references):

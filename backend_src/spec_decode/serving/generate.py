@@ -22,7 +22,8 @@ from .adapter import error_response, read_inputs
 logger = logging.getLogger(__name__)
 
 GENERATE_INPUTS = ("text_input", "max_tokens", "temperature", "top_p", "top_k", "random_seed", "stop_words", "end_id",
-                   "stream", "exclude_input_in_output", "return_log_probs", "num_draft_tokens", "speculative_method")
+                   "stream", "exclude_input_in_output", "return_log_probs", "num_draft_tokens", "speculative_method",
+                   "acceptance_method")
 STEP_MODEL = "spec_step"
 
 
@@ -51,6 +52,7 @@ class TritonStep:
             pb.Tensor("random_seed", np.array([p.seed], np.int64)),
             pb.Tensor("step", np.array([inp.step], np.int64)),
             pb.Tensor("release", np.array([release], np.bool_)),
+            pb.Tensor("acceptance_method", np.array([inp.acceptance_method.encode()], np.object_)),
         ]
         return pb.InferenceRequest(
             model_name=self.model_name,

@@ -17,7 +17,7 @@ from ..models import load_causal_lm, resolve_device, resolve_dtype, resolve_mode
 from ..proposers import DraftModelProposer, NgramProposer
 from ..sampling import SamplingParams
 from ..scorer import TargetScorer
-from ..step import verify_step
+from ..step import Verifier
 
 logger = logging.getLogger(__name__)
 
@@ -140,15 +140,23 @@ class TargetBackend:
 
 
 class VerifierBackend:
-    """verifier: rejection sampling (greedy check at temperature 0).
+    """verifier: rejection sampling (lossless) or typical acceptance (not lossless); greedy check at temperature 0.
 
+    Config parameters: acceptance_method (rejection | typical, the default when a request names none),
+    typical_epsilon (0.09), typical_alpha (0.3), backend (auto | triton | torch).
     Outputs: output_ids INT64 [n] (1 <= n <= k+1), output_log_probs FP32 [n]; both empty for a release.
     """
 
-    INPUTS = ("target_probs", "draft_token_ids", "draft_probs", "temperature", "random_seed", "step")
+    INPUTS = ("target_probs", "draft_token_ids", "draft_probs", "temperature", "random_seed", "step",
+              "acceptance_method")
 
     def __init__(self, params: dict[str, str]):
-        self.params = params
+        self.verifier = Verifier(
+            acceptance_method=params.get("acceptance_method", "rejection") or "rejection",
+            typical_epsilon=float(params.get("typical_epsilon", "0.09") or 0.09),
+            typical_alpha=float(params.get("typical_alpha", "0.3") or 0.3),
+            backend=params.get("backend", "auto") or "auto",
+        )
 
     def run(self, inputs: dict) -> dict:
         """Verify one sequence's drafts against its target probabilities."""
@@ -159,5 +167,8 @@ class VerifierBackend:
         dp = inputs.get("draft_probs")
         dp = None if dp is None or np.prod(tuple(dp.shape)) == 0 else torch.as_tensor(dp)
         greedy = float(_one(inputs, "temperature", 0.0)) <= 0.0
-        ids, lps = verify_step(tp, drafts, dp, int(_one(inputs, "random_seed", 0)), int(_one(inputs, "step", 0)), greedy)
+        method = _one(inputs, "acceptance_method", b"")
+        method = method.decode() if isinstance(method, bytes) else str(method)
+        ids, lps = self.verifier.verify(tp, drafts.to(tp.device), dp, int(_one(inputs, "random_seed", 0)),
+                                        int(_one(inputs, "step", 0)), greedy, method)
         return {"output_ids": np.asarray(ids, np.int64), "output_log_probs": np.asarray(lps, np.float32)}
