@@ -1,6 +1,7 @@
 # make serve  - set everything up (first time) and serve the model repository on the embedded default model
 # make test   - set everything up (first time) and run the test suite (unit + integration against a real tritonserver)
-# make bench  - serve the default model and benchmark none vs ngram vs in-process transformers on HumanEval
+# make bench  - serve the default model and benchmark none vs ngram vs in-process transformers on HumanEval,
+#               then the verifier (torch path here; Triton kernels too where CUDA is available)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
@@ -9,7 +10,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 export HTTP_PORT GRPC_PORT METRICS_PORT
 
-.PHONY: setup serve test bench client clean
+.PHONY: setup serve test bench bench-verifier client clean
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
@@ -25,6 +26,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m client.bench --output results/bench.json
+	$(PY) bench/verifier.py --output results/verifier.json
+
+bench-verifier: $(STAMP)
+	$(PY) bench/verifier.py --output results/verifier.json
 
 client: $(STAMP)
 	$(PY) -m client.generate --url 127.0.0.1:$(GRPC_PORT) --humaneval 1 --max-tokens 128

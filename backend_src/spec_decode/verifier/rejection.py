@@ -51,7 +51,8 @@ def validate_inputs(
             raise ValueError(f"draft_probs is on {draft_probs.device}, target_probs on {target_probs.device}")
     if check_values:
         for name, t in (("target_probs", target_probs), ("draft_probs", draft_probs)):
-            if t is not None and t.numel() and bool(((t < 0) | torch.isnan(t)).any()):
+            # One reduction: the minimum is NaN when any entry is NaN, and NaN >= 0 is False.
+            if t is not None and t.numel() and not bool(t.amin() >= 0):
                 raise ValueError(f"{name} contains NaN or negative probabilities")
 
 
@@ -82,13 +83,17 @@ def _row_flags(b: int, seeds, is_greedy, device) -> tuple[torch.Tensor, torch.Te
     return seeds, is_greedy.to(device=device, dtype=torch.bool)
 
 
-def _torch_noise(seeds: torch.Tensor, k: int, v: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row noise from a generator keyed by (row seed, purpose): uniform [B, k], exponential [B, V] (CPU)."""
-    us, es = [], []
-    for s in seeds.tolist():
-        us.append(torch.rand(k, generator=generator_for(s, _UNIFORM)))
-        es.append(torch.empty(v).exponential_(1.0, generator=generator_for(s, _RACE)).clamp_min(1e-30))
-    return torch.stack(us), torch.stack(es)
+def _torch_noise(seeds: torch.Tensor, greedy: torch.Tensor, k: int, v: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row noise from a generator keyed by (row seed, purpose): uniform [B, k], exponential [B, V] (CPU).
+
+    Greedy rows use no noise (they get zeros and ones, which their argmax walk ignores)."""
+    u = torch.zeros(len(seeds), k)
+    e = torch.ones(len(seeds), v)
+    for row, (s, g) in enumerate(zip(seeds.tolist(), greedy.tolist())):
+        if not g:
+            u[row] = torch.rand(k, generator=generator_for(s, _UNIFORM))
+            e[row].exponential_(1.0, generator=generator_for(s, _RACE)).clamp_min_(1e-30)
+    return u, e
 
 
 def rejection_sample(
@@ -131,7 +136,7 @@ def rejection_sample(
         from .kernels import rejection_triton
 
         return rejection_triton(target_probs, draft_token_ids, draft_probs, seeds, greedy)
-    u, e = _torch_noise(seeds, k1 - 1, v)
+    u, e = _torch_noise(seeds, greedy, k1 - 1, v)
     dev = target_probs.device
     return rejection_torch(target_probs, draft_token_ids, draft_probs, u.to(dev), e.to(dev), greedy)
 
@@ -174,6 +179,6 @@ def typical_acceptance_sample(
         from .kernels import typical_triton
 
         return typical_triton(target_probs, draft_token_ids, posterior_threshold, posterior_alpha, seeds, greedy)
-    _, e = _torch_noise(seeds, 0, v)
+    _, e = _torch_noise(seeds, greedy, 0, v)
     return typical_torch(target_probs, draft_token_ids, posterior_threshold, posterior_alpha,
                          e.to(target_probs.device), greedy)
