@@ -3,7 +3,7 @@
 Usage:
     python -m client.generate --url 127.0.0.1:8001 --prompt "def fib(n):" --max-tokens 64
     python -m client.generate --humaneval 3 --method ngram --num-draft-tokens 4
-    python -m client.generate --prompts-file prompts.jsonl --temperature 0.8 --seed 1
+    python -m client.generate --prompts-file prompts.txt --temperature 0.8 --seed 1   # one prompt per line
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON result per prompt instead of live text")
     args = ap.parse_args(argv)
 
-    if args.prompt:
+    if args.prompt is not None:
         prompts = [args.prompt]
     elif args.prompts_file:
         prompts = file_prompts(args.prompts_file)
@@ -187,24 +187,37 @@ def main(argv: list[str] | None = None) -> int:
         prompts = humaneval_prompts(args.humaneval or 1)
     params = {k: getattr(args, k) for k in ("speculative_method", "acceptance_method", "num_draft_tokens",
                                             "temperature", "top_k", "top_p", "random_seed", "stop_words")}
-    for prompt in prompts:
-        if not args.json:
-            sys.stdout.write(f"\033[2m{prompt}\033[0m")
-            sys.stdout.flush()
-        on_text = None if args.json else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
-        r = stream_generate(args.url, prompt, args.max_tokens, on_text=on_text, **params)
-        summary = {
-            "ttft_ms": round(r.ttft_s * 1000, 1), "tokens": len(r.output_ids), "tokens_per_s": round(r.tokens_per_s, 2),
-            "mean_tokens_per_step": round(r.tokens_per_step, 2), "responses": len(r.responses),
-            **{k: v for k, v in r.stats.items() if k != "output_log_probs"},
-        }
-        if args.json:
-            print(json.dumps({"prompt": prompt, "text": r.text, **summary}))
-        else:
-            print(f"\n\n--- TTFT {summary['ttft_ms']} ms | {summary['tokens']} tokens | "
-                  f"{summary['tokens_per_s']} tokens/s | {summary['mean_tokens_per_step']} tokens/step | "
-                  f"{summary['responses']} responses | finish: {r.stats.get('finish_reason')}\n")
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        for prompt in prompts:
+            _run_one(args, prompt, params)
+    except InferenceServerException as e:
+        print(f"\nerror from the server: {e.message()}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # output piped into head & co.
+        sys.stderr.close()
     return 0
+
+
+def _run_one(args, prompt: str, params: dict) -> None:
+    """Stream one prompt and print its text live (or one JSON line with --json)."""
+    if not args.json:
+        sys.stdout.write(f"\033[2m{prompt}\033[0m")
+        sys.stdout.flush()
+    on_text = None if args.json else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+    r = stream_generate(args.url, prompt, args.max_tokens, on_text=on_text, **params)
+    summary = {
+        "ttft_ms": round(r.ttft_s * 1000, 1), "tokens": len(r.output_ids), "tokens_per_s": round(r.tokens_per_s, 2),
+        "mean_tokens_per_step": round(r.tokens_per_step, 2), "responses": len(r.responses),
+        **{k: v for k, v in r.stats.items() if k != "output_log_probs"},
+    }
+    if args.json:
+        print(json.dumps({"prompt": prompt, "text": r.text, **summary}))
+    else:
+        print(f"\n\n--- TTFT {summary['ttft_ms']} ms | {summary['tokens']} tokens | "
+              f"{summary['tokens_per_s']} tokens/s | {summary['mean_tokens_per_step']} tokens/step | "
+              f"{summary['responses']} responses | finish: {r.stats.get('finish_reason')}\n")
 
 
 if __name__ == "__main__":

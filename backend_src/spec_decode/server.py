@@ -173,17 +173,20 @@ class TritonServer:
         import tritonclient.http as httpclient
 
         client = httpclient.InferenceServerClient(self.http_url)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"tritonserver exited with code {self.proc.returncode}\n{self.log_tail()}")
-            try:
-                if client.is_server_live() and all(client.is_model_ready(m) for m in models):
-                    return
-            except Exception:  # noqa: BLE001 - not up yet
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"tritonserver not ready after {timeout:.0f} s\n{self.log_tail()}")
+        try:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"tritonserver exited with code {self.proc.returncode}\n{self.log_tail()}")
+                try:
+                    if client.is_server_live() and all(client.is_model_ready(m) for m in models):
+                        return
+                except Exception:  # noqa: BLE001 - not up yet
+                    pass
+                time.sleep(0.5)
+            raise RuntimeError(f"tritonserver not ready after {timeout:.0f} s\n{self.log_tail()}")
+        finally:
+            client.close()  # an open keep-alive connection would hold up the server's shutdown
 
     def log_tail(self, n: int = 60) -> str:
         """The last ``n`` lines of the server log (when logging to a file)."""
