@@ -95,10 +95,12 @@ class CachedCausalLM:
             ``token_ids[L - n_logits + j]``.
 
         Raises:
-            ValueError: ``n_logits`` outside [1, L].
+            ValueError: ``n_logits`` outside [1, L], or a token id outside [0, V).
         """
         if not 1 <= n_logits <= len(token_ids):
             raise ValueError(f"n_logits must be in [1, {len(token_ids)}], got {n_logits}")
+        if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got {min(token_ids)}..{max(token_ids)}")
         with self._lock:
             e = self._entry(seq_id)
             keep = min(common_prefix_len(e.ids, token_ids), len(token_ids) - n_logits)

@@ -57,6 +57,15 @@ def test_cache_is_lru_bounded_and_released(tiny_lm):
     assert len(lm) == 1
 
 
+def test_out_of_range_token_ids_are_a_clear_error(tiny_lm):
+    import pytest
+
+    lm = CachedCausalLM(tiny_lm)
+    for bad in ([1, 97], [-1, 2]):
+        with pytest.raises(ValueError, match=r"\[0, 97\)"):
+            lm.logits(1, bad, 1)
+
+
 def test_scorer_returns_k_plus_one_distributions(tiny_lm):
     scorer = TargetScorer(CachedCausalLM(tiny_lm))
     probs = scorer.score(1, [1, 2, 3], [4, 5], GREEDY)

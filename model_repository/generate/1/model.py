@@ -14,5 +14,8 @@ class TritonPythonModel:
 
     async def execute(self, requests):
         # Decoupled async execute: every request streams its own responses; requests run concurrently.
+        # The stub registers this coroutine's future just after scheduling it; a coroutine that finishes before that
+        # (a request rejected at once) makes the stub log "Cannot remove future from background". Yield briefly first.
+        await asyncio.sleep(0.002)
         await asyncio.gather(*(self.backend.handle(r) for r in requests))
         return None
