@@ -101,7 +101,8 @@ def stream_generate(url: str, prompt: str, max_tokens: int, on_text=None, timeou
         max_tokens: max_tokens.
         on_text: called with each response's text as it arrives (e.g. to print it).
         timeout_s: give up after this many seconds.
-        **params: optional inputs (see :func:`build_inputs`).
+        **params: optional inputs (see :func:`build_inputs`); ``stream`` defaults to True here (one response per
+            step), while the server's default is False (one response).
 
     Returns:
         :class:`GenerationResult`.
@@ -112,6 +113,7 @@ def stream_generate(url: str, prompt: str, max_tokens: int, on_text=None, timeou
     """
     import tritonclient.grpc as grpcclient
 
+    params.setdefault("stream", True)
     q: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     result = GenerationResult()

@@ -143,10 +143,15 @@ class Generation:
         return self.token_ids[self.prompt_len :]
 
     def next_step(self) -> StepInputs:
-        """Inputs of the next step; k is clamped so that no token past max_tokens or max_model_len is proposed."""
+        """Inputs of the next step; k is clamped so that the sequence never passes max_model_len.
+
+        k is deliberately not clamped by max_tokens: the step structure (and so a seeded request's noise) then does
+        not depend on max_tokens, and a shorter request's output is a prefix of a longer one's. What passes
+        max_tokens is trimmed by :meth:`commit`.
+        """
         req = self.request
-        remaining = min(req.max_tokens - self.stats.emitted_tokens, self.max_model_len - len(self.token_ids))
-        k = 0 if req.speculative_method == "none" else max(0, min(req.num_draft_tokens, remaining - 1))
+        room = self.max_model_len - len(self.token_ids)
+        k = 0 if req.speculative_method == "none" else max(0, min(req.num_draft_tokens, room - 1))
         return StepInputs(self.seq_id, list(self.token_ids), k, req.speculative_method, self.params, self.stats.steps,
                           req.acceptance_method)
 

@@ -53,7 +53,7 @@ class GenerationRequest:
     random_seed: int | None = None
     stop_words: list[str] = field(default_factory=list)
     end_id: int | None = None
-    stream: bool = True
+    stream: bool = False  # as the TensorRT-LLM and vLLM backends: one response unless streaming is asked for
     exclude_input_in_output: bool = False
     return_log_probs: bool = False
     num_draft_tokens: int = 4
@@ -138,9 +138,14 @@ def parse_request(inputs: dict[str, np.ndarray], limits: ServerLimits) -> Genera
 
     sw = inputs.get("stop_words")
     if sw is not None:
-        words = [_text(w, "stop_words") for w in np.asarray(sw, dtype=object).reshape(-1)]
-        if any(not w for w in words):
-            raise InvalidInputError("stop_words", "stop words must be non-empty strings")
+        words = []
+        for i, w in enumerate(np.asarray(sw, dtype=object).reshape(-1)):
+            try:
+                words.append(_text(w, "stop_words"))
+            except InvalidInputError as e:
+                raise InvalidInputError("stop_words", f"element {i}: {str(e).split(': ', 1)[1]}") from None
+            if not words[-1]:
+                raise InvalidInputError("stop_words", f"element {i}: stop words must be non-empty strings")
         req.stop_words = words
     end_id = _scalar(inputs, "end_id", "iu", "integer")
     if end_id is not None:

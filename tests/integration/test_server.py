@@ -105,6 +105,9 @@ def test_seeded_sampling_gives_same_text_twice(server):
     c = stream_generate(server.grpc_url, "Once upon a time", 32, **{**kw, "random_seed": 99})
     assert a.text == b.text and a.output_ids == b.output_ids
     assert a.output_ids != c.output_ids
+    # max_tokens only truncates: the steps (and so the seeded noise) do not depend on it
+    short = stream_generate(server.grpc_url, "Once upon a time", 13, **kw)
+    assert short.output_ids == a.output_ids[:13]
     kw["acceptance_method"] = "typical"
     t1 = stream_generate(server.grpc_url, "Once upon a time", 32, **kw)
     t2 = stream_generate(server.grpc_url, "Once upon a time", 32, **kw)
@@ -120,7 +123,7 @@ def test_typical_acceptance_at_temperature_zero_is_still_target_greedy(server, g
 def test_http_generate_and_generate_stream(server, greedy_references):
     prompt, ref = greedy_references[2]
     base = f"http://{server.http_url}/v2/models/generate"
-    body = {"text_input": prompt, "max_tokens": 16, "stream": False, "exclude_input_in_output": True}
+    body = {"text_input": prompt, "max_tokens": 16, "exclude_input_in_output": True}  # stream defaults to false
     r = requests.post(f"{base}/generate", json=body, timeout=300)
     assert r.status_code == 200, r.text
     assert r.json()["output_ids"] == ref[:16]
@@ -136,6 +139,41 @@ def test_http_generate_and_generate_stream(server, greedy_references):
     assert r.status_code == 400 and "max_tokens" in r.text
 
 
+def test_stream_false_sends_exactly_one_response(server, greedy_references):
+    prompt, ref = greedy_references[4]
+    r = stream_generate(server.grpc_url, prompt, 16, stream=False, exclude_input_in_output=True)
+    assert len(r.responses) == 1 and r.output_ids == ref[:16]
+    r = stream_generate(server.grpc_url, prompt, 16, stream=False)  # exclude_input_in_output defaults to false
+    assert r.text.startswith(prompt) and r.output_ids == ref[:16]
+
+
+def test_internal_step_model_validates_direct_calls(server):
+    """spec_step is reachable on the same ports: its models check k, token ids and sampling parameters too."""
+    import numpy as np
+
+    def step(k=4, ids=(1, 2, 3), temperature=0.0):
+        values = {"sequence_id": ("UINT64", np.array([1], np.uint64)), "token_ids": ("INT64", np.array(ids, np.int64)),
+                  "num_draft_tokens": ("INT32", np.array([k], np.int32)),
+                  "speculative_method": ("BYTES", np.array([b"draft"], object)),
+                  "temperature": ("FP32", np.array([temperature], np.float32)),
+                  "top_k": ("INT32", np.array([0], np.int32)), "top_p": ("FP32", np.array([1.0], np.float32)),
+                  "random_seed": ("INT64", np.array([0], np.int64)), "step": ("INT64", np.array([0], np.int64)),
+                  "release": ("BOOL", np.array([False])), "acceptance_method": ("BYTES", np.array([b""], object))}
+        inputs = []
+        for name, (dt, arr) in values.items():
+            t = grpcclient.InferInput(name, list(arr.shape), dt)
+            t.set_data_from_numpy(arr)
+            inputs.append(t)
+        with grpcclient.InferenceServerClient(server.grpc_url) as c:
+            return c.infer("spec_step", inputs)
+
+    assert step().as_numpy("output_ids").size == 5  # the self-draft accepts all 4 drafts
+    for kwargs, field in (({"k": 1000}, "num_draft_tokens"), ({"ids": (1, 10**9)}, "token ids"),
+                          ({"temperature": -1.0}, "temperature")):
+        with pytest.raises(InferenceServerException, match=field):
+            step(**kwargs)
+
+
 def test_cancelled_stream_leaves_server_serving(server):
     """Cancel a long stream after its first response; the server keeps serving the next request."""
     import queue
@@ -143,7 +181,8 @@ def test_cancelled_stream_leaves_server_serving(server):
     q = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: q.put((result, error)))
-    client.async_stream_infer("generate", build_inputs("Write a long story.", 512, speculative_method="none"))
+    client.async_stream_infer("generate", build_inputs("Write a long story.", 512, speculative_method="none",
+                                                       stream=True))
     res, err = q.get(timeout=120)
     assert err is None
     client.stop_stream(cancel_requests=True)

@@ -70,9 +70,10 @@ def test_prompt_too_long_raises(real_tokenizer):
         Generation(1, list(range(10)), req, real_tokenizer, [], 10, 0)
 
 
-def test_next_step_clamps_k_to_remaining_tokens(real_tokenizer):
+def test_next_step_clamps_k_to_max_model_len_not_max_tokens(real_tokenizer):
     req = GenerationRequest("p", 3, num_draft_tokens=8, speculative_method="draft")
     gen = Generation(1, [1, 2], req, real_tokenizer, [], 2048, 0)
-    assert gen.next_step().num_draft_tokens == 2
+    assert gen.next_step().num_draft_tokens == 8  # max_tokens trims afterwards; the steps do not depend on it
+    assert Generation(1, [1, 2], req, real_tokenizer, [], 6, 0).next_step().num_draft_tokens == 3
     req = GenerationRequest("p", 3, num_draft_tokens=8, speculative_method="none")
     assert Generation(1, [1, 2], req, real_tokenizer, [], 2048, 0).next_step().num_draft_tokens == 0

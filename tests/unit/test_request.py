@@ -17,6 +17,7 @@ def _req(**kw):
 def test_defaults():
     r = parse_request(_req(), LIMITS)
     assert (r.text_input, r.max_tokens, r.speculative_method, r.temperature) == ("hi", 8, "ngram", 0.0)
+    assert r.stream is False  # as the TensorRT-LLM and vLLM backends
 
 
 @pytest.mark.parametrize(
@@ -34,12 +35,18 @@ def test_defaults():
         ({"speculative_method": np.array([b"draft"], object)}, "speculative_method"),  # no draft model here
         ({"num_draft_tokens": np.array([99], np.int32)}, "num_draft_tokens"),
         ({"stop_words": np.array([b""], object)}, "stop_words"),
+        ({"stop_words": np.array([b"ok", b"\xc3"], object)}, "stop_words"),
     ],
 )
 def test_bad_fields_are_named(inputs, field):
     with pytest.raises(InvalidInputError, match=f"'{field}'") as e:
         parse_request(_req(**inputs), LIMITS)
     assert e.value.field == field
+
+
+def test_stop_word_error_names_the_element():
+    with pytest.raises(InvalidInputError, match="element 1"):
+        parse_request(_req(stop_words=np.array([b"ok", b"\xc3"], object)), LIMITS)
 
 
 def test_missing_required():

@@ -35,12 +35,24 @@ def _one(inputs: dict, name: str, default=None):
 
 
 def _params(inputs: dict) -> SamplingParams:
-    return SamplingParams(
+    """Sampling parameters of a step request, checked (the internal models can be called directly too).
+
+    Raises:
+        ValueError: naming the field and its allowed range.
+    """
+    p = SamplingParams(
         temperature=float(_one(inputs, "temperature", 0.0)),
         top_k=int(_one(inputs, "top_k", 0)),
         top_p=float(_one(inputs, "top_p", 1.0)),
         seed=int(_one(inputs, "random_seed", 0)),
     )
+    if not (np.isfinite(p.temperature) and p.temperature >= 0):
+        raise ValueError(f"temperature must be >= 0, got {p.temperature}")
+    if p.top_k < 0:
+        raise ValueError(f"top_k must be >= 0, got {p.top_k}")
+    if not (0.0 < p.top_p <= 1.0):
+        raise ValueError(f"top_p must be in (0, 1], got {p.top_p}")
+    return p
 
 
 def _token_ids(inputs: dict) -> list[int]:
@@ -73,7 +85,7 @@ class DraftBackend:
     """draft_model: the proposers (draft LM when ``draft_model_path`` is set, n-gram prompt lookup).
 
     Config parameters: draft_model_path ("" = none, "default" = the embedded target, or a folder), device, dtype,
-    max_sequences, ngram_min, ngram_max.
+    max_sequences, ngram_min, ngram_max, max_num_draft_tokens (the largest k a step may ask for).
     Outputs: draft_token_ids INT64 [k'], draft_probs FP32 [k', V] ([0, 0] for drafts without probabilities).
     """
 
@@ -83,6 +95,7 @@ class DraftBackend:
         self.proposers = {
             "ngram": NgramProposer(_int_param(params, "ngram_min", 1), _int_param(params, "ngram_max", 4)),
         }
+        self.max_k = _int_param(params, "max_num_draft_tokens", 8)
         lm = _load_lm(params.get("draft_model_path", ""), params)
         if lm is not None:
             self.proposers["draft"] = DraftModelProposer(lm)
@@ -102,6 +115,8 @@ class DraftBackend:
         method = _one(inputs, "speculative_method", b"none")
         method = method.decode() if isinstance(method, bytes) else str(method)
         k = int(_one(inputs, "num_draft_tokens", 0))
+        if not 0 <= k <= self.max_k:
+            raise ValueError(f"num_draft_tokens must be in [0, {self.max_k}], got {k}")
         if method == "none" or k <= 0:
             return {"draft_token_ids": np.zeros(0, np.int64), "draft_probs": np.zeros((0, 0), np.float32)}
         if method not in self.proposers:
