@@ -101,10 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'method':<24}{'tokens/s':>10}{'tok/step':>10}{'accept':>8}{'TTFT ms':>9}{'vs HF':>7}{'vs none':>9}")
     for r in rows:
         acc = r.get("acceptance_rate")
-        print(f"{r['method']:<24}{r['tokens_per_s']:>10.2f}{r['mean_tokens_per_step']:>10.2f}"
-              f"{(f'{acc:.2f}' if acc is not None else '-'):>8}"
-              f"{(f'{r['median_ttft_ms']:.0f}' if 'median_ttft_ms' in r else '-'):>9}"
-              f"{r['tokens_per_s'] / base:>7.2f}{(f'{r['tokens_per_s'] / none:.2f}' if none else '-'):>9}")
+        acc_s = f"{acc:.2f}" if acc is not None else "-"
+        ttft_s = f"{r['median_ttft_ms']:.0f}" if "median_ttft_ms" in r else "-"
+        vs_none = f"{r['tokens_per_s'] / none:.2f}" if none else "-"
+        print(f"{r['method']:<24}{r['tokens_per_s']:>10.2f}{r['mean_tokens_per_step']:>10.2f}{acc_s:>8}{ttft_s:>9}"
+              f"{r['tokens_per_s'] / base:>7.2f}{vs_none:>9}")
     result = {"prompts": len(prompts), "max_tokens": args.max_tokens, "num_draft_tokens": args.num_draft_tokens,
               "machine": {"cpus": __import__("os").cpu_count(), "platform": platform.platform()},
               "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "results": rows}

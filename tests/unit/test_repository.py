@@ -21,3 +21,14 @@ def test_python_models_have_model_py():
         cfg = (DEFAULT_REPOSITORY / model / "config.pbtxt").read_text()
         if 'backend: "python"' in cfg:
             assert (Path(DEFAULT_REPOSITORY) / model / "1" / "model.py").is_file(), model
+
+
+def test_client_and_bench_modules_import():
+    import importlib
+
+    for mod in ("client.generate", "client.bench", "client.datasets"):
+        importlib.import_module(mod)
+    import runpy
+    from pathlib import Path
+
+    runpy.run_path(str(Path(__file__).resolve().parents[2] / "bench" / "verifier.py"), run_name="not_main")
