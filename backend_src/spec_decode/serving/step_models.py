@@ -178,7 +178,7 @@ class VerifierBackend:
         tp = torch.as_tensor(inputs["target_probs"])
         if tp.shape[0] == 0:  # release
             return {"output_ids": np.zeros(0, np.int64), "output_log_probs": np.zeros(0, np.float32)}
-        drafts = torch.as_tensor(np.asarray(inputs["draft_token_ids"]).reshape(-1).astype(np.int64))
+        drafts = torch.as_tensor(inputs["draft_token_ids"]).reshape(-1).to(torch.int64)
         dp = inputs.get("draft_probs")
         dp = None if dp is None or np.prod(tuple(dp.shape)) == 0 else torch.as_tensor(dp)
         greedy = float(_one(inputs, "temperature", 0.0)) <= 0.0
