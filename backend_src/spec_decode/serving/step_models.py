@@ -81,6 +81,11 @@ def _load_lm(path_value: str, params: dict) -> CachedCausalLM | None:
     return CachedCausalLM(load_causal_lm(path, device, dtype), _int_param(params, "max_sequences", 64))
 
 
+def _no_drafts() -> dict:
+    """draft_model outputs for "nothing proposed" (also what a release returns)."""
+    return {"draft_token_ids": np.zeros(0, np.int64), "draft_probs": np.zeros((0, 0), np.float32)}
+
+
 class DraftBackend:
     """draft_model: the proposers (draft LM when ``draft_model_path`` is set, n-gram prompt lookup).
 
@@ -100,30 +105,26 @@ class DraftBackend:
         if lm is not None:
             self.proposers["draft"] = DraftModelProposer(lm)
 
-    def cache_size(self) -> int:
-        """Sequences currently cached by the draft LM (0 without one)."""
-        p = self.proposers.get("draft")
-        return len(p.lm) if p is not None else 0
-
     def run(self, inputs: dict) -> dict:
         """Propose drafts for one sequence, or free its caches when ``release`` is set."""
         seq_id = int(_one(inputs, "sequence_id"))
         if _is_release(inputs):
             for p in self.proposers.values():
                 p.release(seq_id)
-            return {"draft_token_ids": np.zeros(0, np.int64), "draft_probs": np.zeros((0, 0), np.float32)}
+            return _no_drafts()
         method = _one(inputs, "speculative_method", b"none")
         method = method.decode() if isinstance(method, bytes) else str(method)
         k = int(_one(inputs, "num_draft_tokens", 0))
         if not 0 <= k <= self.max_k:
             raise ValueError(f"num_draft_tokens must be in [0, {self.max_k}], got {k}")
         if method == "none" or k <= 0:
-            return {"draft_token_ids": np.zeros(0, np.int64), "draft_probs": np.zeros((0, 0), np.float32)}
+            return _no_drafts()
         if method not in self.proposers:
             raise ValueError(
                 f"speculative_method={method!r} is not served here; available: none, {', '.join(self.proposers)}"
             )
-        proposal = self.proposers[method].propose(seq_id, _token_ids(inputs), k, _params(inputs), int(_one(inputs, "step", 0)))
+        step = int(_one(inputs, "step", 0))
+        proposal = self.proposers[method].propose(seq_id, _token_ids(inputs), k, _params(inputs), step)
         probs = proposal.draft_probs
         if probs is None:
             probs = torch.zeros((0, 0), dtype=torch.float32)
