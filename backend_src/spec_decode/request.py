@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-METHODS = ("none", "draft", "ngram")
+METHODS = ("none", "draft", "ngram", "suffix", "hybrid")
 ACCEPTANCE_METHODS = ("rejection", "typical")
 
 

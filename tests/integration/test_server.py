@@ -28,7 +28,7 @@ def greedy_references(real_model, real_tokenizer):
     return refs
 
 
-@pytest.mark.parametrize("method", ["none", "ngram", "draft"])
+@pytest.mark.parametrize("method", ["none", "ngram", "draft", "suffix", "hybrid"])
 def test_greedy_output_equals_target_greedy(server, greedy_references, method):
     for prompt, ref in greedy_references:
         r = stream_generate(server.grpc_url, prompt, N_TOKENS, speculative_method=method, num_draft_tokens=4)

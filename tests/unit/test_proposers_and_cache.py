@@ -4,7 +4,7 @@ import torch
 
 from spec_decode.kv_cache import CachedCausalLM
 from spec_decode.loop import Generation, LocalStep, run_local
-from spec_decode.proposers import DraftModelProposer, NgramProposer
+from spec_decode.proposers import DraftModelProposer, HybridProposer, NgramProposer, SuffixProposer
 from spec_decode.request import GenerationRequest
 from spec_decode.sampling import SamplingParams, logits_to_probs
 from spec_decode.scorer import TargetScorer
@@ -95,14 +95,49 @@ def test_self_draft_greedy_equals_plain_greedy(tiny_lm):
     with torch.inference_mode():
         ref = tiny_lm.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
                                eos_token_id=None, pad_token_id=0)[0, 3:].tolist()
-    step = LocalStep({"draft": DraftModelProposer(CachedCausalLM(tiny_lm)), "ngram": NgramProposer()},
-                     TargetScorer(CachedCausalLM(tiny_lm)))
-    for method in ("none", "ngram", "draft"):
+    draft, suffix = DraftModelProposer(CachedCausalLM(tiny_lm)), SuffixProposer()
+    step = LocalStep({"draft": draft, "ngram": NgramProposer(), "suffix": suffix,
+                      "hybrid": HybridProposer(suffix, draft)}, TargetScorer(CachedCausalLM(tiny_lm)))
+    for method in ("none", "ngram", "suffix", "hybrid", "draft"):
         gen = Generation(7, prompt, GenerationRequest("x", 20, speculative_method=method), _DummyTokenizer(), [], 256, 0)
         run_local(gen, step)
         assert gen.output_ids == ref, method
     assert gen.stats.accepted_tokens == gen.stats.draft_tokens > 0
     assert len(step.scorer.lm) == 0  # run_local released the caches
+
+
+class _Fixed:
+    """A proposer that always proposes the same tokens (records its calls)."""
+
+    def __init__(self, tokens):
+        self.tokens, self.calls, self.released = tokens, 0, []
+
+    def propose(self, seq_id, token_ids, k, params, step):
+        from spec_decode.proposers import Proposal
+
+        self.calls += 1
+        return Proposal(torch.tensor(self.tokens[:k]), None)
+
+    def release(self, seq_id):
+        self.released.append(seq_id)
+
+
+def test_hybrid_uses_suffix_only_when_its_score_reaches_k():
+    suffix, fallback = SuffixProposer(max_spec_factor=4.0), _Fixed([90, 91, 92])
+    hybrid = HybridProposer(suffix, fallback)
+    # An earlier response 1..6 sits in the global trie; a new request ending in [1, 2] matches it with running
+    # probabilities 1, 1, 1 -> score 3 >= k = 3. (In the request's own trie the current occurrence of the context
+    # counts too, as in Arctic Inference, so one earlier repetition gives 1/2 per token there.)
+    suffix.speculate(0, [9], 3)
+    suffix.update(0, [9, 1, 2, 3, 4, 5, 6])
+    suffix.release(0)
+    assert hybrid.propose(1, [8, 1, 2], 3, GREEDY, 0).draft_token_ids.tolist() == [3, 4, 5]
+    assert fallback.calls == 0
+    # No repetition: the suffix score is 0 < k, so the fallback drafts.
+    assert hybrid.propose(2, [7, 8, 9], 3, GREEDY, 0).draft_token_ids.tolist() == [90, 91, 92]
+    assert fallback.calls == 1
+    hybrid.release(2)
+    assert fallback.released == [2]
 
 
 def test_seeded_sampling_is_reproducible(tiny_lm):

@@ -5,7 +5,7 @@ import pytest
 
 from spec_decode.request import InvalidInputError, ServerLimits, parse_request
 
-LIMITS = ServerLimits(methods=("none", "ngram"))
+LIMITS = ServerLimits(methods=("none", "ngram", "suffix", "hybrid"))
 
 
 def _req(**kw):

@@ -6,6 +6,8 @@ Like transformers' candidate generators and vLLM's ``SpeculativeProposals``: eve
 
 from .base import Proposal, Proposer
 from .draft_lm import DraftModelProposer
+from .hybrid import HybridProposer
 from .ngram import NgramProposer
+from .suffix import SuffixProposer
 
-__all__ = ["Proposal", "Proposer", "DraftModelProposer", "NgramProposer"]
+__all__ = ["Proposal", "Proposer", "DraftModelProposer", "HybridProposer", "NgramProposer", "SuffixProposer"]

@@ -192,6 +192,11 @@ class SuffixProposer:
         draft = self.speculate(seq_id, token_ids, k)
         return Proposal(torch.tensor(draft.tokens, dtype=torch.int64), None)
 
+    def update(self, seq_id: int, token_ids: list[int]) -> None:
+        """Bring the request's trie up to ``token_ids`` (e.g. the final ids, just before :meth:`release`)."""
+        if seq_id in self._active:
+            self._request_tree(seq_id, list(token_ids))
+
     def release(self, seq_id: int) -> None:
         """End of a sequence: its response joins the global trie (oldest evicted past the bound)."""
         entry = self._active.pop(seq_id, None)

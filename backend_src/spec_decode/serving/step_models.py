@@ -14,7 +14,7 @@ import torch
 
 from ..kv_cache import CachedCausalLM
 from ..models import load_causal_lm, resolve_device, resolve_dtype, resolve_model_path
-from ..proposers import DraftModelProposer, NgramProposer
+from ..proposers import DraftModelProposer, HybridProposer, NgramProposer, SuffixProposer
 from ..sampling import SamplingParams
 from ..scorer import TargetScorer
 from ..step import Verifier
@@ -90,7 +90,9 @@ class DraftBackend:
     """draft_model: the proposers (draft LM when ``draft_model_path`` is set, n-gram prompt lookup).
 
     Config parameters: draft_model_path ("" = none, "default" = the embedded target, or a folder), device, dtype,
-    max_sequences, ngram_min, ngram_max, max_num_draft_tokens (the largest k a step may ask for).
+    max_sequences, ngram_min, ngram_max, max_num_draft_tokens (the largest k a step may ask for), suffix_* (suffix
+    decoding: max_tree_depth, max_cached_requests, max_spec_factor, max_spec_offset, min_token_prob).
+    Methods: ngram, suffix, hybrid (suffix when its score >= k, else the draft LM, or n-gram without one), draft.
     Outputs: draft_token_ids INT64 [k'], draft_probs FP32 [k', V] ([0, 0] for drafts without probabilities).
     """
 
@@ -101,14 +103,25 @@ class DraftBackend:
             "ngram": NgramProposer(_int_param(params, "ngram_min", 1), _int_param(params, "ngram_max", 4)),
         }
         self.max_k = _int_param(params, "max_num_draft_tokens", 8)
+        self.suffix = SuffixProposer(
+            max_tree_depth=_int_param(params, "suffix_max_tree_depth", 64),
+            max_cached_requests=_int_param(params, "suffix_max_cached_requests", 1000),
+            max_spec_factor=float(params.get("suffix_max_spec_factor", "") or 1.0),
+            max_spec_offset=float(params.get("suffix_max_spec_offset", "") or 0.0),
+            min_token_prob=float(params.get("suffix_min_token_prob", "") or 0.1),
+        )
+        self.proposers["suffix"] = self.suffix
         lm = _load_lm(params.get("draft_model_path", ""), params)
         if lm is not None:
             self.proposers["draft"] = DraftModelProposer(lm)
+        self.proposers["hybrid"] = HybridProposer(self.suffix, self.proposers.get("draft", self.proposers["ngram"]))
 
     def run(self, inputs: dict) -> dict:
         """Propose drafts for one sequence, or free its caches when ``release`` is set."""
         seq_id = int(_one(inputs, "sequence_id"))
         if _is_release(inputs):
+            if "token_ids" in inputs:  # the final ids: the whole response joins the suffix cache
+                self.suffix.update(seq_id, _token_ids(inputs))
             for p in self.proposers.values():
                 p.release(seq_id)
             return _no_drafts()
