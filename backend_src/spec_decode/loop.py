@@ -224,6 +224,14 @@ class Generation:
         return Chunk("", [], [], True, "cancelled")
 
 
+def speculation_disabled(running: int, disable_by_batch_size: int) -> bool:
+    """vLLM's ``disable_by_batch_size``: with this many running sequences or more, steps run without speculation (k = 0).
+
+    Speculation trades throughput for latency and loses at high load. ``disable_by_batch_size`` <= 0 never disables.
+    """
+    return 0 < disable_by_batch_size <= running
+
+
 class LocalStep:
     """The in-process transport: proposer, scorer and verifier objects called directly (tests and benchmarks).
 

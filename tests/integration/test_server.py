@@ -189,3 +189,16 @@ def test_cancelled_stream_leaves_server_serving(server):
     client.close()
     ok = stream_generate(server.grpc_url, "Hello", 3)
     assert len(ok.output_ids) == 3
+
+
+def test_disable_by_batch_size_turns_speculation_off(tmp_path, greedy_references):
+    """A server with disable_by_batch_size=1: every running request reaches the threshold, so no step drafts."""
+    from spec_decode.server import TritonServer, prepare_repository
+
+    repo = prepare_repository({"generate": {"disable_by_batch_size": "1"}})
+    with TritonServer(repo, log_path=tmp_path / "server.log") as srv:
+        srv.wait_ready(timeout=600)
+        prompt, ref = greedy_references[0]
+        r = stream_generate(srv.grpc_url, prompt, 16, speculative_method="ngram", num_draft_tokens=4)
+        assert r.output_ids == ref[:16]
+        assert r.stats["num_draft_tokens_total"] == 0 and r.stats["num_steps"] == 16

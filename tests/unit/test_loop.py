@@ -2,7 +2,7 @@
 
 import pytest
 
-from spec_decode.loop import Generation, StepResult
+from spec_decode.loop import Generation, StepResult, speculation_disabled
 from spec_decode.request import GenerationRequest
 
 
@@ -62,6 +62,12 @@ def test_utf8_never_broken_across_chunks(real_tokenizer):
     chunks = _run(gen, ids, per_step=1)
     assert all("\ufffd" not in c.text for c in chunks)
     assert "".join(c.text for c in chunks) == real_tokenizer.decode(ids)
+
+
+def test_disable_by_batch_size():
+    assert not speculation_disabled(running=7, disable_by_batch_size=8)
+    assert speculation_disabled(running=8, disable_by_batch_size=8)
+    assert not speculation_disabled(running=100, disable_by_batch_size=0)
 
 
 def test_prompt_too_long_raises(real_tokenizer):

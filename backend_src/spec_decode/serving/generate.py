@@ -14,7 +14,7 @@ import traceback
 
 import numpy as np
 
-from ..loop import Chunk, Generation, StepInputs, StepResult
+from ..loop import Chunk, Generation, StepInputs, StepResult, speculation_disabled
 from ..models import load_tokenizer, resolve_model_path
 from ..request import METHODS, InvalidInputError, ServerLimits, parse_request
 from .adapter import error_response, read_inputs
@@ -91,7 +91,8 @@ class GenerateBackend:
 
     Config parameters: tokenizer_path ("default" = the embedded target's), default_speculative_method,
     num_draft_tokens, max_num_draft_tokens, max_model_len, draft_model_available ("true" when draft_model has a draft
-    LM, which enables speculative_method=draft).
+    LM, which enables speculative_method=draft), disable_by_batch_size (0 = never; else steps run with k = 0 while at
+    least this many requests are running).
     """
 
     def __init__(self, params: dict[str, str], pb_utils):
@@ -110,6 +111,8 @@ class GenerateBackend:
         )
         self.eos_ids = {self.tokenizer.eos_token_id} - {None}
         self.step = TritonStep(pb_utils)
+        self.disable_by_batch_size = int(params.get("disable_by_batch_size", "0") or 0)
+        self.running = 0  # requests being generated (this instance)
         self._rng = random.Random()
 
     def _start(self, inputs: dict) -> Generation:
@@ -161,12 +164,16 @@ class GenerateBackend:
             return
         req = gen.request
         gathered_text, gathered_ids, gathered_lps = [], [], []
+        self.running += 1
         try:
             while not gen.finished:
                 if sender.is_cancelled():
                     gen.cancel()
                     break
-                chunk = gen.commit(await self.step(gen.next_step()))
+                inp = gen.next_step()
+                if speculation_disabled(self.running, self.disable_by_batch_size):
+                    inp.num_draft_tokens = 0
+                chunk = gen.commit(await self.step(inp))
                 if req.stream:
                     if chunk.finished:
                         break
@@ -192,4 +199,5 @@ class GenerateBackend:
             except Exception:  # noqa: BLE001 - the stream may already be closed
                 pass
         finally:
+            self.running -= 1
             await self.step.release(gen)
