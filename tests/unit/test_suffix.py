@@ -56,6 +56,14 @@ def test_speculation_equals_brute_force(seed):
         k, factor, offset, min_prob = rng.choice([2, 4, 8]), rng.choice([0.5, 1.0, 2.0]), rng.choice([0, 1]), rng.choice([0.05, 0.1, 0.3])
         got = speculate(tree, context, k, factor, offset, min_prob)
         toks, score, m = _brute_speculate(seqs, depth, context, k, factor, offset, min_prob)
+        # A request's own trie: its current sequence is the context, and the known suffix nodes give the same answer.
+        own = SuffixTree(depth)
+        for s in seqs:
+            own.add_sequence(s)
+        own.extend(context)
+        via_nodes = speculate(own, context, k, factor, offset, min_prob, nodes=own.suffix_nodes())
+        assert (via_nodes.tokens, via_nodes.match_len) == (speculate(own, context, k, factor, offset, min_prob).tokens,
+                                                            speculate(own, context, k, factor, offset, min_prob).match_len)
         # The trie cannot extend a string past the depth: the brute force stops there too (len(s) < depth).
         assert (got.tokens, got.match_len) == (toks, m) and got.score == pytest.approx(score)
 

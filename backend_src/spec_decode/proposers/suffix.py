@@ -84,6 +84,10 @@ class SuffixTree:
                         break
                     del path[depth - 1][_CHILDREN][tokens[i + depth - 1]]
 
+    def suffix_nodes(self) -> list[list]:
+        """Nodes of the current sequence's suffixes, by length (index m = the last m tokens; index 0 = root)."""
+        return self._active
+
     def find(self, tokens) -> list | None:
         """The node of the string ``tokens`` (None when it never occurred)."""
         node = self.root
@@ -114,15 +118,22 @@ class SuffixDraft:
 
 
 def speculate(tree: SuffixTree, context: list[int], max_spec_tokens: int, max_spec_factor: float = 1.0,
-              max_spec_offset: float = 0.0, min_token_prob: float = 0.1) -> SuffixDraft:
+              max_spec_offset: float = 0.0, min_token_prob: float = 0.1, nodes: list | None = None) -> SuffixDraft:
     """Best speculation from ``tree`` for the end of ``context`` (see module docstring).
+
+    Args:
+        nodes: the nodes of context's suffixes by length when already known (a request's own trie, whose current
+            sequence is the context: :meth:`SuffixTree.suffix_nodes`), which saves walking from the root for each m.
 
     Returns:
         :class:`SuffixDraft` (empty tokens and score 0 when nothing matches).
     """
     best = SuffixDraft([], [], 0.0, 0)
     for m in range(1, min(tree.max_depth, len(context)) + 1):
-        node = tree.find(context[len(context) - m :])
+        if nodes is not None:
+            node = nodes[m] if m < len(nodes) else None
+        else:
+            node = tree.find(context[len(context) - m :])
         if node is None or node[_COUNT] <= 0:
             break  # a longer suffix cannot occur if this one does not
         allowed = min(max_spec_tokens, int(m * max_spec_factor + max_spec_offset))
@@ -180,8 +191,8 @@ class SuffixProposer:
     def speculate(self, seq_id: int, token_ids: list[int], k: int) -> SuffixDraft:
         """Best of the request trie and the global trie for the end of ``token_ids`` (at most ``k`` tokens)."""
         context = list(token_ids[-self.depth :])
-        local = speculate(self._request_tree(seq_id, list(token_ids)), context, k, self.factor, self.offset,
-                          self.min_prob)
+        tree = self._request_tree(seq_id, list(token_ids))
+        local = speculate(tree, context, k, self.factor, self.offset, self.min_prob, nodes=tree.suffix_nodes())
         glob = speculate(self.global_tree, context, k, self.factor, self.offset, self.min_prob)
         return glob if glob.score > local.score else local
 
