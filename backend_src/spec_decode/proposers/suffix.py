@@ -163,7 +163,7 @@ class SuffixProposer:
         max_active: request tries kept at once (LRU).
     """
 
-    def __init__(self, max_tree_depth: int = 64, max_cached_requests: int = 1000, max_spec_factor: float = 1.0,
+    def __init__(self, max_tree_depth: int = 64, max_cached_requests: int = 64, max_spec_factor: float = 1.0,
                  max_spec_offset: float = 0.0, min_token_prob: float = 0.1, max_active: int = 256):
         self.depth = max_tree_depth
         self.max_cached_requests = max_cached_requests

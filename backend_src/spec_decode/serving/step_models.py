@@ -105,7 +105,7 @@ class DraftBackend:
         self.max_k = _int_param(params, "max_num_draft_tokens", 8)
         self.suffix = SuffixProposer(
             max_tree_depth=_int_param(params, "suffix_max_tree_depth", 64),
-            max_cached_requests=_int_param(params, "suffix_max_cached_requests", 1000),
+            max_cached_requests=_int_param(params, "suffix_max_cached_requests", 64),
             max_spec_factor=float(params.get("suffix_max_spec_factor", "") or 1.0),
             max_spec_offset=float(params.get("suffix_max_spec_offset", "") or 0.0),
             min_token_prob=float(params.get("suffix_min_token_prob", "") or 0.1),
