@@ -26,6 +26,21 @@ def model_parameters(args: dict) -> dict[str, str]:
     return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
 
 
+def config_param(params: dict[str, str], name: str, default):
+    """A config.pbtxt parameter converted to the type of ``default`` (``default`` when absent or empty).
+
+    Raises:
+        ValueError: naming the parameter when its value does not convert.
+    """
+    value = str(params.get(name, "")).strip()
+    if not value:
+        return default
+    try:
+        return type(default)(value)
+    except ValueError:
+        raise ValueError(f"config parameter {name!r}: expected {type(default).__name__}, got {value!r}") from None
+
+
 def read_inputs(request, names, pb_utils) -> dict:
     """Input tensors of a request by name: numpy arrays for CPU tensors, torch tensors for GPU ones; absent -> missing."""
     out = {}

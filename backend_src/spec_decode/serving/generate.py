@@ -17,7 +17,7 @@ import numpy as np
 from ..loop import Chunk, Generation, StepInputs, StepResult, speculation_disabled
 from ..models import load_tokenizer, resolve_model_path
 from ..request import METHODS, InvalidInputError, ServerLimits, parse_request
-from .adapter import error_response, read_inputs
+from .adapter import config_param, error_response, read_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -97,21 +97,21 @@ class GenerateBackend:
 
     def __init__(self, params: dict[str, str], pb_utils):
         self.pb = pb_utils
-        self.tokenizer = load_tokenizer(resolve_model_path(params.get("tokenizer_path", "default") or "default"))
+        self.tokenizer = load_tokenizer(resolve_model_path(config_param(params, "tokenizer_path", "default")))
         methods = tuple(m for m in METHODS if m != "draft" or params.get("draft_model_available", "false") == "true")
-        default_method = params.get("default_speculative_method", "ngram") or "ngram"
+        default_method = config_param(params, "default_speculative_method", "ngram")
         if default_method not in methods:
             raise ValueError(f"default_speculative_method={default_method!r}: allowed values are {', '.join(methods)}")
         self.limits = ServerLimits(
             default_method=default_method,
-            default_num_draft_tokens=int(params.get("num_draft_tokens", "4") or 4),
-            max_num_draft_tokens=int(params.get("max_num_draft_tokens", "8") or 8),
-            max_model_len=int(params.get("max_model_len", "2048") or 2048),
+            default_num_draft_tokens=config_param(params, "num_draft_tokens", 4),
+            max_num_draft_tokens=config_param(params, "max_num_draft_tokens", 8),
+            max_model_len=config_param(params, "max_model_len", 2048),
             methods=methods,
         )
         self.eos_ids = {self.tokenizer.eos_token_id} - {None}
         self.step = TritonStep(pb_utils)
-        self.disable_by_batch_size = int(params.get("disable_by_batch_size", "0") or 0)
+        self.disable_by_batch_size = config_param(params, "disable_by_batch_size", 0)
         self.running = 0  # requests being generated (this instance)
         self._rng = random.Random()
 

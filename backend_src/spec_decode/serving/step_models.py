@@ -18,6 +18,7 @@ from ..proposers import DraftModelProposer, HybridProposer, NgramProposer, Suffi
 from ..sampling import SamplingParams
 from ..scorer import TargetScorer
 from ..step import Verifier
+from .adapter import config_param
 
 logger = logging.getLogger(__name__)
 
@@ -66,19 +67,14 @@ def _is_release(inputs: dict) -> bool:
     return bool(_one(inputs, "release", False))
 
 
-def _int_param(params: dict, name: str, default: int) -> int:
-    v = params.get(name, "")
-    return int(v) if str(v).strip() else default
-
-
 def _load_lm(path_value: str, params: dict) -> CachedCausalLM | None:
     path = resolve_model_path(path_value)
     if path is None:
         return None
-    device = resolve_device(params.get("device", "auto"))
-    dtype = resolve_dtype(params.get("dtype", "auto"), device)
+    device = resolve_device(config_param(params, "device", "auto"))
+    dtype = resolve_dtype(config_param(params, "dtype", "auto"), device)
     logger.info("loading %s on %s (%s)", path, device, dtype)
-    return CachedCausalLM(load_causal_lm(path, device, dtype), _int_param(params, "max_sequences", 64))
+    return CachedCausalLM(load_causal_lm(path, device, dtype), config_param(params, "max_sequences", 64))
 
 
 def _no_drafts() -> dict:
@@ -100,18 +96,18 @@ class DraftBackend:
 
     def __init__(self, params: dict[str, str]):
         self.proposers = {
-            "ngram": NgramProposer(_int_param(params, "ngram_min", 1), _int_param(params, "ngram_max", 4)),
+            "ngram": NgramProposer(config_param(params, "ngram_min", 1), config_param(params, "ngram_max", 4)),
         }
-        self.max_k = _int_param(params, "max_num_draft_tokens", 8)
+        self.max_k = config_param(params, "max_num_draft_tokens", 8)
         self.suffix = SuffixProposer(
-            max_tree_depth=_int_param(params, "suffix_max_tree_depth", 64),
-            max_cached_requests=_int_param(params, "suffix_max_cached_requests", 64),
-            max_spec_factor=float(params.get("suffix_max_spec_factor", "") or 1.0),
-            max_spec_offset=float(params.get("suffix_max_spec_offset", "") or 0.0),
-            min_token_prob=float(params.get("suffix_min_token_prob", "") or 0.1),
+            max_tree_depth=config_param(params, "suffix_max_tree_depth", 64),
+            max_cached_requests=config_param(params, "suffix_max_cached_requests", 64),
+            max_spec_factor=config_param(params, "suffix_max_spec_factor", 1.0),
+            max_spec_offset=config_param(params, "suffix_max_spec_offset", 0.0),
+            min_token_prob=config_param(params, "suffix_min_token_prob", 0.1),
         )
         self.proposers["suffix"] = self.suffix
-        lm = _load_lm(params.get("draft_model_path", ""), params)
+        lm = _load_lm(config_param(params, "draft_model_path", ""), params)
         if lm is not None:
             self.proposers["draft"] = DraftModelProposer(lm)
         self.proposers["hybrid"] = HybridProposer(self.suffix, self.proposers.get("draft", self.proposers["ngram"]))
@@ -154,7 +150,7 @@ class TargetBackend:
     INPUTS = ("sequence_id", "token_ids", "draft_token_ids", "temperature", "top_k", "top_p", "release")
 
     def __init__(self, params: dict[str, str]):
-        lm = _load_lm(params.get("model_path", "default") or "default", params)
+        lm = _load_lm(config_param(params, "model_path", "default"), params)
         self.scorer = TargetScorer(lm)
 
     def run(self, inputs: dict) -> dict:
@@ -181,10 +177,10 @@ class VerifierBackend:
 
     def __init__(self, params: dict[str, str]):
         self.verifier = Verifier(
-            acceptance_method=params.get("acceptance_method", "rejection") or "rejection",
-            typical_epsilon=float(params.get("typical_epsilon", "0.09") or 0.09),
-            typical_alpha=float(params.get("typical_alpha", "0.3") or 0.3),
-            backend=params.get("backend", "auto") or "auto",
+            acceptance_method=config_param(params, "acceptance_method", "rejection"),
+            typical_epsilon=config_param(params, "typical_epsilon", 0.09),
+            typical_alpha=config_param(params, "typical_alpha", 0.3),
+            backend=config_param(params, "backend", "auto"),
         )
 
     def run(self, inputs: dict) -> dict:
