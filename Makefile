@@ -12,7 +12,7 @@ export HTTP_PORT GRPC_PORT METRICS_PORT
 
 .PHONY: setup serve test bench bench-verifier client clean
 
-$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml scripts/setup.sh
+$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml scripts/setup.sh scripts/build_suffix_tree.sh
 	bash scripts/setup.sh
 	touch $(STAMP)
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # One-time set-up on a fresh machine: Debian packages, the .venv with pinned dependencies, the package itself,
+# Arctic Inference's suffix tree (C++),
 # the default target model (converted once to safetensors) and the embedded tritonserver layout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +23,8 @@ echo ">> installing pinned Python packages into $VENV"
 "$VENV/bin/pip" install -q -r requirements.txt
 "$VENV/bin/pip" install -q --no-deps -r requirements-nodeps.txt
 "$VENV/bin/pip" install -q --no-deps -e .
+# Suffix decoding's global cache: Arctic Inference's C++ suffix tree, built from its PyPI sdist (cmake, g++).
+bash scripts/build_suffix_tree.sh "$VENV/bin/python"
 
 echo ">> preparing the default target model and the embedded tritonserver"
 "$VENV/bin/python" - <<'PY'

@@ -108,12 +108,17 @@ class Generation:
         eos_token_ids: ids that end generation (not emitted), besides ``request.end_id``.
         max_model_len: prompt + output must fit.
         seed: the request seed (``request.random_seed`` or one drawn by the caller).
+        adaptive_max_num_draft_tokens: 0 (default) keeps k = ``request.num_draft_tokens`` every step; > 0 adapts k
+            to recent acceptance as transformers' assisted generation does (``num_assistant_tokens_schedule=
+            "heuristic"``): k += 2 (up to this bound) after a step whose drafts were all accepted, k -= 1 (down to 1)
+            after a step that rejected one. Steps where the proposer found fewer than k tokens leave k unchanged.
 
     Raises:
         ValueError: the prompt does not leave room for one output token within ``max_model_len``.
     """
 
-    def __init__(self, seq_id, prompt_ids, request: GenerationRequest, tokenizer, eos_token_ids, max_model_len, seed):
+    def __init__(self, seq_id, prompt_ids, request: GenerationRequest, tokenizer, eos_token_ids, max_model_len, seed,
+                 adaptive_max_num_draft_tokens: int = 0):
         if len(prompt_ids) < 1:
             raise ValueError("prompt must contain at least one token")
         if len(prompt_ids) >= max_model_len:
@@ -136,6 +141,8 @@ class Generation:
         self.finished = False
         self.finish_reason: str | None = None
         self.cum_log_prob = 0.0
+        self.adaptive_max_k = int(adaptive_max_num_draft_tokens)
+        self.k = request.num_draft_tokens  # k of the next step (changes only when adaptive)
 
     @property
     def output_ids(self) -> list[int]:
@@ -151,7 +158,7 @@ class Generation:
         """
         req = self.request
         room = self.max_model_len - len(self.token_ids)
-        k = 0 if req.speculative_method == "none" else max(0, min(req.num_draft_tokens, room - 1))
+        k = 0 if req.speculative_method == "none" else max(0, min(self.k, room - 1))
         return StepInputs(self.seq_id, list(self.token_ids), k, req.speculative_method, self.params, self.stats.steps,
                           req.acceptance_method)
 
@@ -179,6 +186,11 @@ class Generation:
         self.stats.steps += 1
         self.stats.draft_tokens += result.num_draft_tokens
         accepted_in_step = len(result.output_ids) - 1
+        if self.adaptive_max_k > 0 and result.num_draft_tokens >= self.k > 0:
+            if accepted_in_step >= result.num_draft_tokens:
+                self.k = min(self.k + 2, self.adaptive_max_k)
+            else:
+                self.k = max(1, self.k - 1)
         new_ids: list[int] = []
         new_lps: list[float] = []
         stop_at: int | None = None  # cut ``text`` here (stop word)

@@ -83,3 +83,22 @@ def test_next_step_clamps_k_to_max_model_len_not_max_tokens(real_tokenizer):
     assert Generation(1, [1, 2], req, real_tokenizer, [], 6, 0).next_step().num_draft_tokens == 3
     req = GenerationRequest("p", 3, num_draft_tokens=8, speculative_method="none")
     assert Generation(1, [1, 2], req, real_tokenizer, [], 2048, 0).next_step().num_draft_tokens == 0
+
+
+def test_heuristic_k_schedule_follows_acceptance(real_tokenizer):
+    """transformers' "heuristic" schedule: +2 after a fully accepted step (bounded), -1 after a rejection (>= 1);
+    steps that drafted fewer than k tokens leave k alone; the constant schedule never changes k."""
+    prompt = real_tokenizer("hello")["input_ids"]
+    req = GenerationRequest("p", 100, speculative_method="ngram", num_draft_tokens=4)
+    gen = Generation(1, prompt, req, real_tokenizer, [], 2048, 0, adaptive_max_num_draft_tokens=8)
+    ks = []
+    for accepted, drafted in [(4, 4), (6, 6), (8, 8), (2, 8), (0, 7), (0, 0), (1, 2)]:
+        k = gen.next_step().num_draft_tokens
+        ks.append(k)
+        assert drafted <= k
+        gen.commit(StepResult([100 + j for j in range(accepted + 1)], drafted))
+    assert ks == [4, 6, 8, 8, 7, 6, 6]
+    assert gen.next_step().num_draft_tokens == 6  # the last step drafted 2 < 6: unchanged
+    const = Generation(2, prompt, req, real_tokenizer, [], 2048, 0)
+    const.commit(StepResult([1, 2, 3, 4, 5], 4))
+    assert const.next_step().num_draft_tokens == 4

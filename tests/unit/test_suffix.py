@@ -4,7 +4,14 @@ import random
 
 import pytest
 
-from spec_decode.proposers.suffix import SuffixProposer, SuffixTree, speculate
+from spec_decode.proposers.suffix import PySuffixCache, SuffixProposer, SuffixTree, arctic_available, speculate
+
+BACKENDS = ["python", "arctic"]
+
+
+def test_arctic_suffix_tree_is_installed():
+    """scripts/build_suffix_tree.sh (run by the set-up) builds Arctic Inference's C++ suffix tree into the venv."""
+    assert arctic_available()
 
 
 def _count(seqs, s):
@@ -13,9 +20,11 @@ def _count(seqs, s):
     return sum(1 for seq in seqs for i in range(len(seq) - n + 1) if seq[i : i + n] == s)
 
 
-def _brute_speculate(seqs, depth, context, k, factor, offset, min_prob):
-    best = ([], 0.0, 0)
-    for m in range(1, min(depth, len(context)) + 1):
+def _brute_speculate(seqs, depth, context, k, factor, offset, min_prob, max_match=None, ties=None):
+    """The reference speculation (ties between equally frequent children go to the smaller token id; ``ties``, a
+    list, gets True appended whenever a walk met such a tie)."""
+    best = ([], 0.0, 0, [])
+    for m in range(1, (max_match or min(depth, len(context))) + 1):
         suffix = context[len(context) - m :]
         if _count(seqs, suffix) == 0:
             break
@@ -27,6 +36,8 @@ def _brute_speculate(seqs, depth, context, k, factor, offset, min_prob):
             if not counts:
                 break
             tok = max(counts, key=lambda t: (counts[t], -t))
+            if ties is not None and sum(c == counts[tok] for c in counts.values()) > 1:
+                ties.append(True)
             prob *= counts[tok] / _count(seqs, s)
             if prob < min_prob:
                 break
@@ -35,7 +46,7 @@ def _brute_speculate(seqs, depth, context, k, factor, offset, min_prob):
             s.append(tok)
         score = sum(probs)
         if score > best[1] or (score == best[1] and score > 0):
-            best = (toks, score, m)
+            best = (toks, score, m, probs)
     return best
 
 
@@ -55,17 +66,60 @@ def test_speculation_equals_brute_force(seed):
         context = [rng.randrange(4) for _ in range(rng.randrange(1, 10))]
         k, factor, offset, min_prob = rng.choice([2, 4, 8]), rng.choice([0.5, 1.0, 2.0]), rng.choice([0, 1]), rng.choice([0.05, 0.1, 0.3])
         got = speculate(tree, context, k, factor, offset, min_prob)
-        toks, score, m = _brute_speculate(seqs, depth, context, k, factor, offset, min_prob)
+        toks, score, m, _ = _brute_speculate(seqs, depth, context, k, factor, offset, min_prob)
         # A request's own trie: its current sequence is the context, and the known suffix nodes give the same answer.
         own = SuffixTree(depth)
         for s in seqs:
             own.add_sequence(s)
         own.extend(context)
         via_nodes = speculate(own, context, k, factor, offset, min_prob, nodes=own.suffix_nodes())
-        assert (via_nodes.tokens, via_nodes.match_len) == (speculate(own, context, k, factor, offset, min_prob).tokens,
-                                                            speculate(own, context, k, factor, offset, min_prob).match_len)
+        plain = speculate(own, context, k, factor, offset, min_prob)
+        assert (via_nodes.token_ids, via_nodes.match_len) == (plain.token_ids, plain.match_len)
         # The trie cannot extend a string past the depth: the brute force stops there too (len(s) < depth).
-        assert (got.tokens, got.match_len) == (toks, m) and got.score == pytest.approx(score)
+        assert (got.token_ids, got.match_len) == (toks, m) and got.score == pytest.approx(score)
+
+
+exact_cases: list[int] = []
+
+
+@pytest.mark.skipif(not arctic_available(), reason="Arctic's suffix tree is not built (test_arctic_suffix_tree_is_installed fails)")
+@pytest.mark.parametrize("seed", range(12))
+def test_arctic_speculation_equals_brute_force(seed):
+    """Arctic's C++ tree gives the brute-force draft, probabilities, score and match length (it matches at most
+    len(context) - 1 tokens). Among equally frequent children it may pick another token than the reference's smallest
+    id (so the walk may continue differently): there each drafted token must still be a most frequent child."""
+    from arctic_inference.suffix_decoding._C import SuffixTree as NativeTree
+
+    rng = random.Random(100 + seed)
+    depth = rng.choice([3, 5, 8])
+    seqs = [[rng.randrange(6) for _ in range(rng.randrange(5, 40))] for _ in range(rng.randrange(1, 4))]
+    alphabet = sorted(set(t for seq in seqs for t in seq))
+    tree = NativeTree(depth)
+    for i, s in enumerate(seqs):
+        tree.extend(i, s)
+    checked_exact = 0
+    for _ in range(5):
+        context = [rng.randrange(6) for _ in range(rng.randrange(2, 10))][-depth:]
+        k, factor, offset, min_prob = rng.choice([2, 4, 8]), rng.choice([0.5, 1.0, 2.0]), rng.choice([0, 1]), rng.choice([0.05, 0.1, 0.3])
+        got = tree.speculate(context, k, factor, offset, min_prob, False)
+        ties = []
+        toks, score, m, probs = _brute_speculate(seqs, depth, context, k, factor, offset, min_prob,
+                                                 max_match=len(context) - 1, ties=ties)
+        if not ties:
+            assert (list(got.token_ids), got.match_len) == (toks, m) if score > 0 else list(got.token_ids) == []
+            assert got.score == pytest.approx(score, rel=1e-5) and list(got.probs) == pytest.approx(probs, rel=1e-5)
+            checked_exact += 1
+        # Always: the draft is a greedy walk from the context's last match_len tokens with the brute-force counts.
+        s, prob = context[len(context) - got.match_len :], 1.0
+        for tok, p in zip(got.token_ids, got.probs):
+            counts = {t: _count(seqs, s + [t]) for t in alphabet}
+            assert counts[tok] == max(counts.values()) > 0
+            prob *= counts[tok] / _count(seqs, s)
+            assert prob == pytest.approx(p, rel=1e-5) and p >= min_prob
+            s = s + [tok]
+        assert len(got.token_ids) <= min(k, int(got.match_len * factor + offset + 1e-6))
+        assert got.score == pytest.approx(sum(got.probs), rel=1e-5)
+    exact_cases.append(checked_exact)
 
 
 def test_remove_sequence_restores_the_tree_exactly():
@@ -82,24 +136,65 @@ def test_remove_sequence_restores_the_tree_exactly():
     assert tree.node_count() == 1 and tree.root[1] == {}
 
 
-def test_global_cache_is_fifo_bounded_and_serves_a_repeated_response():
-    p = SuffixProposer(max_tree_depth=8, max_cached_requests=2, max_spec_factor=2.0)
+@pytest.mark.skipif(not arctic_available(), reason="Arctic's suffix tree is not built")
+def test_arctic_comparison_was_exact_in_most_cases():
+    """Ties must not hide everything: most of the random cases above were compared exactly."""
+    if len(exact_cases) < 12:
+        pytest.skip("run together with test_arctic_speculation_equals_brute_force")
+    assert sum(exact_cases) >= 20, exact_cases  # of 60
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_global_cache_is_fifo_bounded_and_serves_a_repeated_response(backend):
+    if backend == "arctic" and not arctic_available():
+        pytest.skip("Arctic's suffix tree is not built (test_arctic_suffix_tree_is_installed fails)")
+    p = SuffixProposer(max_tree_depth=8, max_cached_requests=2, max_spec_factor=2.0, backend=backend)
     responses = [[10 + r, 20 + r, 30 + r, 40 + r, 50 + r] for r in range(3)]
     for seq, resp in enumerate(responses):
         p.speculate(seq, [1, 2, 3], 4)  # first step: the prompt
         p.speculate(seq, [1, 2, 3] + resp, 4)
         p.release(seq)
-    assert len(p._responses) == 2 and p.active_requests() == 0
-    assert p.global_tree.find([10]) is None  # the oldest response was evicted
-    # A new request whose output starts like a cached response gets it from the global tree.
-    d = p.speculate(99, [7, 7, 11, 21], 3)
-    assert d.tokens == [31, 41, 51]
-    d = p.speculate(98, [7, 7, 10, 20], 3)
-    assert d.tokens == []
+    assert p.cached_requests() == 2 and p.active_requests() == 0
+    # A new request whose output starts like a cached response gets it; the oldest response was evicted.
+    # (Arctic's cache gives every active request a slot too, so starting request 99 evicts response 1.)
+    assert p.speculate(99, [7, 7, 12, 22], 3).token_ids == [32, 42, 52]
+    assert p.speculate(98, [7, 7, 10, 20], 3).token_ids == []
+    p.release(98)
+    p.release(99)
+    assert p.active_requests() == 0
 
 
-def test_request_tree_follows_the_sequence_and_prompt_repetition():
-    p = SuffixProposer(max_tree_depth=16, max_cached_requests=0, max_spec_factor=2.0)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_active_requests_are_bounded_and_restart_on_divergence(backend):
+    if backend == "arctic" and not arctic_available():
+        pytest.skip("Arctic's suffix tree is not built (test_arctic_suffix_tree_is_installed fails)")
+    p = SuffixProposer(max_tree_depth=8, max_cached_requests=4, max_active=3, backend=backend)
+    for seq in range(5):
+        p.speculate(seq, [seq, 1, 2], 2)
+    assert p.active_requests() == 3
+    p.speculate(4, [9, 9, 9, 9], 2)  # not an extension of [4, 1, 2]: the sequence starts over, nothing raises
+    assert p.active_requests() == 3
+
+
+def test_python_cache_rejects_unknown_requests():
+    c = PySuffixCache(8, 2)
+    with pytest.raises(ValueError, match="not active"):
+        c.speculate(1, [1, 2], 2)
+    c.start_request(1, [1, 2])
+    with pytest.raises(ValueError, match="already active"):
+        c.start_request(1, [1, 2])
+
+
+def test_unknown_backend_is_rejected():
+    with pytest.raises(ValueError, match="allowed values are auto, arctic, python"):
+        SuffixProposer(backend="rust")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_request_tree_follows_the_sequence_and_prompt_repetition(backend):
+    if backend == "arctic" and not arctic_available():
+        pytest.skip("Arctic's suffix tree is not built (test_arctic_suffix_tree_is_installed fails)")
+    p = SuffixProposer(max_tree_depth=16, max_cached_requests=0, max_spec_factor=2.0, backend=backend)
     prompt = [5, 6, 7, 8, 9, 1, 2]
     assert p.propose(1, prompt + [5, 6], 3, None, 0).draft_token_ids.tolist() == [7, 8, 9]
     assert p.propose(1, prompt + [5, 6, 7, 8], 2, None, 1).draft_token_ids.tolist() == [9, 1]

@@ -32,7 +32,7 @@ class HybridProposer:
             return Proposal.empty()
         draft = self.suffix.speculate(seq_id, token_ids, k)
         if draft.score >= k:
-            return Proposal(torch.tensor(draft.tokens, dtype=torch.int64), None)
+            return Proposal(torch.tensor(draft.token_ids, dtype=torch.int64), None)
         return self.fallback.propose(seq_id, token_ids, k, params, step)
 
     def release(self, seq_id: int) -> None:

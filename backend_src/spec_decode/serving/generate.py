@@ -91,7 +91,9 @@ class GenerateBackend:
 
     Config parameters: tokenizer_path ("default" = the embedded target's), default_speculative_method,
     num_draft_tokens, max_num_draft_tokens, max_model_len, draft_model_available ("true" when draft_model has a draft
-    LM, which enables speculative_method=draft), disable_by_batch_size (0 = never; else steps run with k = 0 while at
+    LM, which enables speculative_method=draft), num_draft_tokens_schedule ("constant", or "heuristic": k adapts to
+    acceptance between 1 and max_num_draft_tokens as in transformers), disable_by_batch_size (0 = never; else steps run
+    with k = 0 while at
     least this many requests are running).
     """
 
@@ -112,6 +114,10 @@ class GenerateBackend:
         self.eos_ids = {self.tokenizer.eos_token_id} - {None}
         self.step = TritonStep(pb_utils)
         self.disable_by_batch_size = config_param(params, "disable_by_batch_size", 0)
+        schedule = config_param(params, "num_draft_tokens_schedule", "constant")
+        if schedule not in ("constant", "heuristic"):
+            raise ValueError(f"num_draft_tokens_schedule={schedule!r}: allowed values are constant, heuristic")
+        self.adaptive_max_k = self.limits.max_num_draft_tokens if schedule == "heuristic" else 0
         self.running = 0  # requests being generated (this instance)
         self._rng = random.Random()
 
@@ -127,7 +133,8 @@ class GenerateBackend:
             )
         seed = req.random_seed if req.random_seed is not None else self._rng.getrandbits(63)
         seq_id = self._rng.getrandbits(63)
-        return Generation(seq_id, prompt_ids, req, self.tokenizer, self.eos_ids, self.limits.max_model_len, seed)
+        return Generation(seq_id, prompt_ids, req, self.tokenizer, self.eos_ids, self.limits.max_model_len, seed,
+                          adaptive_max_num_draft_tokens=self.adaptive_max_k)
 
     def _response(self, gen: Generation, chunk: Chunk, prefix: str = ""):
         pb = self.pb

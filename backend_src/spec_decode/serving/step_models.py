@@ -87,7 +87,7 @@ class DraftBackend:
 
     Config parameters: draft_model_path ("" = none, "default" = the embedded target, or a folder), device, dtype,
     max_sequences, ngram_min, ngram_max, max_num_draft_tokens (the largest k a step may ask for), suffix_* (suffix
-    decoding: max_tree_depth, max_cached_requests, max_spec_factor, max_spec_offset, min_token_prob).
+    decoding: max_tree_depth, max_cached_requests, max_spec_factor, max_spec_offset, min_token_prob, backend).
     Methods: ngram, suffix, hybrid (suffix when its score >= k, else the draft LM, or n-gram without one), draft.
     Outputs: draft_token_ids INT64 [k'], draft_probs FP32 [k', V] ([0, 0] for drafts without probabilities).
     """
@@ -101,11 +101,16 @@ class DraftBackend:
         self.max_k = config_param(params, "max_num_draft_tokens", 8)
         self.suffix = SuffixProposer(
             max_tree_depth=config_param(params, "suffix_max_tree_depth", 64),
-            max_cached_requests=config_param(params, "suffix_max_cached_requests", 64),
+            max_cached_requests=config_param(params, "suffix_max_cached_requests", 10000),
             max_spec_factor=config_param(params, "suffix_max_spec_factor", 1.0),
             max_spec_offset=config_param(params, "suffix_max_spec_offset", 0.0),
             min_token_prob=config_param(params, "suffix_min_token_prob", 0.1),
+            backend=config_param(params, "suffix_backend", "auto"),
         )
+        if self.suffix.backend == "python" and self.suffix.max_cached_requests > 256:
+            logger.warning("suffix decoding uses the pure-Python trie (Arctic's C++ tree is not built: run "
+                        "scripts/build_suffix_tree.sh); suffix_max_cached_requests=%d may need many GB of memory",
+                        self.suffix.max_cached_requests)
         self.proposers["suffix"] = self.suffix
         lm = _load_lm(config_param(params, "draft_model_path", ""), params)
         if lm is not None:
