@@ -1,7 +1,9 @@
 # make serve  - set everything up (first time) and serve the model repository on the embedded default model
+# make draft  - distil the default draft model from the target (~10 min on 2 cores; cached under ~/.cache/spec_decode)
 # make test   - set everything up (first time) and run the test suite (unit + integration against a real tritonserver)
-# make bench  - serve the default model and benchmark none vs ngram vs in-process transformers on HumanEval,
-#               then the verifier (torch path here; Triton kernels too where CUDA is available)
+# make bench  - a repeated HumanEval workload (two passes) through a fresh server per method (none, ngram, suffix,
+#               draft, hybrid) beside in-process transformers (JSON + PNG), suffix decoding's cache at 10,000 cached
+#               responses, then the verifier (torch path here; Triton kernels too where CUDA is available)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
@@ -10,7 +12,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 export HTTP_PORT GRPC_PORT METRICS_PORT
 
-.PHONY: setup serve test bench bench-verifier client clean
+.PHONY: setup serve draft test bench bench-verifier client clean
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml scripts/setup.sh scripts/build_suffix_tree.sh
 	bash scripts/setup.sh
@@ -18,14 +20,22 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml scripts/setup.
 
 setup: $(STAMP)
 
+# The distilled draft is built on first use (~10 min, progress shown; SKIP_DRAFT=1 skips it). If it is missing the
+# server serves the model-free proposers (ngram, suffix, hybrid over n-gram).
 serve: $(STAMP)
+	@if [ -z "$$SKIP_DRAFT" ]; then $(PY) -m spec_decode.train_draft --if-missing || echo ">> draft training failed: serving without a draft LM"; fi
 	$(PY) -m spec_decode.server
+
+draft: $(STAMP)
+	$(PY) -m spec_decode.train_draft
 
 test: $(STAMP)
 	$(PY) -m pytest tests -v --timeout=900
 
 bench: $(STAMP)
 	$(PY) -m client.bench --output results/bench.json
+	$(PY) bench/draft_cost.py --output results/draft_cost.json
+	$(PY) bench/suffix_cache.py --output results/suffix_cache.json
 	$(PY) bench/verifier.py --output results/verifier.json
 
 bench-verifier: $(STAMP)

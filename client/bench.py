@@ -6,7 +6,7 @@ twice: the second pass can hit suffix decoding's global cache of earlier respons
 ``generate(do_sample=False)`` runs on the same prompts in this process. Prints a table, saves JSON and a PNG plot
 (tokens/s and mean tokens per step per method and pass). Ratios are measured in the same run (the machine is shared
 and noisy). ``draft`` (and hybrid's fallback) needs a draft LM: ``--draft-model`` / ``DRAFT_MODEL``; without one, draft is
-skipped and hybrid falls back to n-gram lookup.
+skipped and hybrid falls back to n-gram lookup. By default the distilled draft of ``make draft`` is used when it exists.
 """
 
 from __future__ import annotations
@@ -26,14 +26,15 @@ def bench_server(url: str, prompts: list[str], max_tokens: int, method: str, k: 
     Returns:
         dict with method, tokens, seconds, tokens_per_s, mean_tokens_per_step (emitted tokens / steps),
         mean_accepted_per_step, draft_tokens, accepted_tokens, acceptance_rate (None without drafts),
-        median_ttft_ms and per_prompt figures.
+        median_ttft_ms, tokens_per_step_histogram (emitted tokens per streamed step -> steps), acceptance_per_position
+        and per_prompt figures.
     """
     from .generate import stream_generate
 
     if warm_up:
         stream_generate(url, "warm up", 4, speculative_method=method)
     tokens = seconds = steps = drafted = accepted = 0
-    ttfts, per_prompt = [], []
+    ttfts, per_prompt, hist = [], [], {}
     for prompt in prompts:
         r = stream_generate(url, prompt, max_tokens, speculative_method=method, num_draft_tokens=k)
         tokens += len(r.output_ids)
@@ -42,11 +43,18 @@ def bench_server(url: str, prompts: list[str], max_tokens: int, method: str, k: 
         drafted += r.stats["num_draft_tokens_total"]
         accepted += r.stats["num_accepted_tokens"]
         ttfts.append(r.ttft_s)
+        for _, _, ids in r.responses:  # stream=true: one response per step
+            if ids:
+                hist[len(ids)] = hist.get(len(ids), 0) + 1
         per_prompt.append({"tokens": len(r.output_ids), "seconds": r.total_s, "steps": r.stats["num_steps"]})
     return {
         "method": f"server:{method}", "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
         "mean_tokens_per_step": tokens / steps, "mean_accepted_per_step": accepted / steps, "draft_tokens": drafted, "accepted_tokens": accepted,
         "acceptance_rate": accepted / drafted if drafted else None, "median_ttft_ms": 1000 * statistics.median(ttfts),
+        "tokens_per_step_histogram": {str(n): c for n, c in sorted(hist.items())},
+        # P(at least j drafts accepted in a step), j = 1..k: exact for methods that draft k tokens every step (draft)
+        "acceptance_per_position": [sum(c for n, c in hist.items() if n > j) / max(1, sum(hist.values()))
+                                    for j in range(1, k + 1)],
         "per_prompt": per_prompt,
     }
 
@@ -121,13 +129,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--passes", type=int, default=2, help="times the prompt set is sent (default 2: repeated workload)")
     ap.add_argument("--num-draft-tokens", type=int, default=4)
     ap.add_argument("--draft-model", default=os.environ.get("DRAFT_MODEL", ""),
-                    help="draft LM folder for speculative_method=draft and hybrid's fallback (default: $DRAFT_MODEL)")
+                    help="draft LM folder for speculative_method=draft and hybrid's fallback (default: $DRAFT_MODEL, "
+                         "else the distilled default draft when `make draft` has built it)")
     ap.add_argument("--output", type=Path, default=Path("results/bench.json"))
     ap.add_argument("--url", help="use an already running server (gRPC host:port) instead of starting one per method")
     args = ap.parse_args(argv)
 
     prompts = humaneval_prompts(args.prompts)
     methods = args.methods.split(",")
+    if not args.draft_model and not args.url:
+        from spec_decode.models import default_draft_dir, default_draft_ready
+
+        if default_draft_ready():
+            args.draft_model = str(default_draft_dir())
     if "draft" in methods and not args.draft_model and not args.url:
         print("no draft model (--draft-model / DRAFT_MODEL): skipping speculative_method=draft; hybrid falls back to "
               "n-gram lookup", flush=True)

@@ -30,6 +30,29 @@ def default_model_dir() -> Path:
     return cache_dir() / "models" / DEFAULT_MODEL_NAME
 
 
+def default_draft_dir() -> Path:
+    """Folder of the distilled default draft (``make draft``; may not exist yet)."""
+    return cache_dir() / "models" / f"{DEFAULT_MODEL_NAME}-draft"
+
+
+def default_draft_ready() -> bool:
+    """True when ``make draft`` finished (the folder holds config.json and its train_draft.json report)."""
+    d = default_draft_dir()
+    return (d / "config.json").exists() and (d / "train_draft.json").exists()
+
+
+def resolve_draft_path(value: str | None) -> Path | None:
+    """Map draft_model_path to a folder: ``auto`` -> the distilled default draft when it exists (else None, so the
+    server serves model-free proposers), otherwise as :func:`resolve_model_path`.
+
+    Raises:
+        FileNotFoundError: a given path does not exist.
+    """
+    if value is not None and value.strip().lower() == "auto":
+        return default_draft_dir() if default_draft_ready() else None
+    return resolve_model_path(value)
+
+
 def _gguf_folder() -> Path:
     # The package's __init__ imports tools we do not install: locate it without importing it.
     spec = importlib.util.find_spec(_GGUF_PACKAGE)

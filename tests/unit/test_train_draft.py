@@ -1,0 +1,78 @@
+"""The draft distillation tool end to end at a tiny size (real target, a few steps), and the trained draft's use."""
+
+import json
+
+import pytest
+import torch
+
+from spec_decode.train_draft import distillation_loss, main, truncated_copy
+
+TINY = ["--eval-prompts", "2", "--train-prompts", "3", "--eval-sequences", "1", "--gen-tokens", "8", "--gen-batch",
+        "2", "--top-k", "8", "--steps", "14", "--batch-size", "2", "--seq-len", "48", "--layers", "1", "--lr", "2e-3",
+        "--checkpoint-every", "7"]
+
+
+@pytest.fixture(scope="module")
+def tiny_draft(tmp_path_factory):
+    out = tmp_path_factory.mktemp("draft") / "draft"
+    assert main(["--output", str(out), *TINY]) == 0
+    return out
+
+
+def test_truncated_copy_keeps_the_first_layers(tiny_lm):
+    draft = truncated_copy(tiny_lm, 1)
+    assert draft.config.num_hidden_layers == 1 and len(draft.model.layers) == 1
+    assert torch.equal(draft.model.layers[0].mlp.up_proj.weight, tiny_lm.model.layers[0].mlp.up_proj.weight)
+    assert torch.equal(draft.lm_head.weight, tiny_lm.lm_head.weight)
+    with pytest.raises(ValueError, match="layers must be in"):
+        truncated_copy(tiny_lm, 3)
+
+
+def test_distillation_loss_is_zero_for_the_teacher_itself():
+    logits = torch.randn(2, 5, 11)
+    lp, idx = torch.log_softmax(logits, -1).topk(11, -1)
+    mask = torch.ones(2, 5)
+    assert float(distillation_loss(logits, lp, idx, mask)) == pytest.approx(0.0, abs=1e-5)
+    assert float(distillation_loss(torch.zeros(2, 5, 11), lp, idx, mask)) > 0.01
+
+
+def test_tool_runs_end_to_end_loss_falls_and_folder_loads(tiny_draft, real_model_dir):
+    from spec_decode.models import load_causal_lm
+
+    info = json.loads((tiny_draft / "train_draft.json").read_text())
+    losses = info["losses"]
+    assert len(losses) == 14
+    assert sum(losses[-4:]) / 4 < sum(losses[:4]) / 4  # the KL to the target falls
+    assert 0.0 <= info["eval"]["top1_agreement"] <= 1.0 and len(info["eval"]["acceptance_per_position"]) == 4
+    draft = load_causal_lm(tiny_draft, torch.device("cpu"), torch.float32)
+    assert draft.config.num_hidden_layers == 1
+    assert (tiny_draft / "tokenizer.json").exists() or (tiny_draft / "tokenizer_config.json").exists()
+
+
+def test_rerun_resumes_from_the_checkpoint(tiny_draft):
+    before = json.loads((tiny_draft / "train_draft.json").read_text())["losses"]
+    assert main(["--output", str(tiny_draft), *TINY]) == 0  # same settings: resumes at the last step, trains nothing
+    after = json.loads((tiny_draft / "train_draft.json").read_text())["losses"]
+    assert after == before
+
+
+def test_greedy_output_with_the_trained_draft_equals_the_target(tiny_draft, real_model, real_tokenizer):
+    from spec_decode.kv_cache import CachedCausalLM
+    from spec_decode.loop import Generation, LocalStep, run_local
+    from spec_decode.models import load_causal_lm
+    from spec_decode.proposers import DraftModelProposer
+    from spec_decode.request import GenerationRequest
+    from spec_decode.scorer import TargetScorer
+
+    draft = load_causal_lm(tiny_draft, torch.device("cpu"), torch.float32)
+    prompt = "def is_palindrome(s: str) -> bool:\n"
+    ids = real_tokenizer(prompt)["input_ids"]
+    with torch.inference_mode():
+        ref = real_model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)[0, len(ids):].tolist()
+    eos = real_tokenizer.eos_token_id
+    ref = ref[: ref.index(eos)] if eos in ref else ref
+    step = LocalStep({"draft": DraftModelProposer(CachedCausalLM(draft))}, TargetScorer(CachedCausalLM(real_model)))
+    gen = Generation(1, ids, GenerationRequest(prompt, 24, speculative_method="draft"), real_tokenizer, [eos], 2048, 0)
+    run_local(gen, step)
+    assert gen.output_ids == ref
+    assert gen.stats.draft_tokens > 0
