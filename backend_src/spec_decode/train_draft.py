@@ -16,8 +16,12 @@ that ships in packages:
 4. evaluate on the held-out tasks' target continuations: top-1 agreement of draft and target (the greedy acceptance
    rate per token) and the per-position acceptance of k = 4 drafts (teacher-forced).
 
+The draft's vocabulary is pruned to the ``--draft-vocab`` most frequent tokens (its LM head is the draft's largest
+matrix and, memory-bound on a CPU, most of its cost); ``draft_vocab.json`` maps its indices to the target's, and
+rejection sampling stays exact (the draft's probability is zero outside the set; vLLM/EAGLE-3 use the same idea).
+
 The result is an ordinary Hugging Face folder (config.json, model.safetensors, tokenizer files) plus
-``train_draft.json`` (settings, loss curve, evaluation), written atomically to ``--output`` (default
+``draft_vocab.json`` and ``train_draft.json`` (settings, loss curve, evaluation), written atomically to ``--output`` (default
 ``$SPEC_DECODE_CACHE/models/SmolLM2-135M-Instruct-draft``, outside the repository). Phases 1-2 are cached in
 ``<output>.work``. About 10 minutes on 2 CPU cores with the defaults.
 """
@@ -70,6 +74,54 @@ def truncated_copy(target, layers: int):
     return draft.float()
 
 
+def prune_vocabulary(draft, vocab):
+    """Shrink a (tied-embedding) draft's vocabulary to ``vocab``'s kept tokens plus one "outside" row.
+
+    The kept rows are the target's; the outside row is their mean. The head stays tied to the embeddings.
+
+    Args:
+        draft: causal LM from :func:`truncated_copy`.
+        vocab: :class:`~spec_decode.models.DraftVocab` over the target's vocabulary.
+
+    Returns:
+        The same model, modified in place: ``config.vocab_size = len(vocab) + 1``.
+    """
+    old = draft.get_input_embeddings().weight.data
+    rows = old[vocab.token_ids]
+    new = torch.nn.Embedding(len(vocab) + 1, old.shape[1])
+    new.weight.data.copy_(torch.cat([rows, rows.mean(0, keepdim=True)]))
+    draft.set_input_embeddings(new)
+    head = torch.nn.Linear(old.shape[1], len(vocab) + 1, bias=False)
+    head.weight = new.weight
+    draft.set_output_embeddings(head)
+    draft.config.vocab_size = len(vocab) + 1
+    draft.config.tie_word_embeddings = True
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):  # ids of the target's vocabulary: map or drop
+        tid = getattr(draft.config, name, None)
+        if isinstance(tid, int):
+            mapped = int(vocab.to_draft[tid])
+            setattr(draft.config, name, mapped if mapped != vocab.unk_index else None)
+    return draft
+
+
+def choose_vocabulary(seqs: list[list[int]], teacher, size: int, target_vocab_size: int, always=()):
+    """The ``size`` most frequent target tokens of the training text and of the teacher's argmax predictions.
+
+    Returns:
+        :class:`~spec_decode.models.DraftVocab` (sorted ids; ``always`` ids included).
+    """
+    from .models import DraftVocab
+
+    counts = torch.zeros(target_vocab_size, dtype=torch.float64)
+    for ids, (_, idx) in zip(seqs, teacher):
+        counts += torch.bincount(torch.tensor(ids), minlength=target_vocab_size)
+        counts += torch.bincount(idx[:, 0].long(), minlength=target_vocab_size)
+    for t in always:
+        counts[t] = float("inf")
+    keep = torch.sort(torch.topk(counts, min(size, target_vocab_size)).indices).values
+    return DraftVocab(keep, target_vocab_size)
+
+
 def _greedy_continuations(model, tok, prompts: list[str], new_tokens: int, batch_size: int) -> list[list[int]]:
     """prompt ids + the target's greedy continuation (EOS and after dropped) for every prompt, batched."""
     from tqdm import tqdm
@@ -106,8 +158,11 @@ def _teacher_topk(model, seqs: list[list[int]], top_k: int) -> list[tuple[torch.
     return out
 
 
-def _batches(seqs, teacher, seq_len: int, batch_size: int, gen: torch.Generator):
-    """Random windows of ``seq_len`` tokens: (input ids [B, L], teacher log-probs [B, L, K], indices, mask [B, L])."""
+def _batches(seqs, teacher, seq_len: int, batch_size: int, gen: torch.Generator, vocab=None):
+    """Random windows of ``seq_len`` tokens: (input ids [B, L], teacher log-probs [B, L, K], indices, mask [B, L]).
+
+    With a pruned ``vocab`` the ids and the teacher's indices are draft indices; teacher entries outside the set get
+    log-probability -inf (the KL is over the kept tokens, renormalised)."""
     while True:
         rows = torch.randint(len(seqs), (batch_size,), generator=gen).tolist()
         ids_b, lp_b, idx_b, mask_b = [], [], [], []
@@ -121,7 +176,15 @@ def _batches(seqs, teacher, seq_len: int, batch_size: int, gen: torch.Generator)
             lp_b.append(F.pad(lp[start:end].float(), (0, 0, 0, pad)))
             idx_b.append(F.pad(idx[start:end].long(), (0, 0, 0, pad)))
             mask_b.append(torch.tensor([1.0] * (end - start) + [0.0] * pad))
-        yield torch.stack(ids_b), torch.stack(lp_b), torch.stack(idx_b), torch.stack(mask_b)
+        ids_t, lp_t, idx_t, mask_t = torch.stack(ids_b), torch.stack(lp_b), torch.stack(idx_b), torch.stack(mask_b)
+        if vocab is not None:
+            ids_t, idx_t = vocab.to_draft[ids_t], vocab.to_draft[idx_t]
+            outside = idx_t == vocab.unk_index
+            lp_t = lp_t.masked_fill(outside, float("-inf"))
+            mask_t = mask_t * (~outside.all(-1)).float()
+            lp_t = lp_t.masked_fill(outside.all(-1, keepdim=True), 0.0)  # fully masked rows: finite, not counted
+            idx_t = idx_t.masked_fill(outside, 0)
+        yield ids_t, lp_t, idx_t, mask_t
 
 
 def distillation_loss(student_logits: torch.Tensor, teacher_logp: torch.Tensor, teacher_idx: torch.Tensor,
@@ -134,13 +197,13 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logp: torch.Tensor, 
         teacher_idx: [B, L, K] int64 token ids of those.
         mask: [B, L] 1.0 where the position counts.
     """
-    p = torch.softmax(teacher_logp, -1)  # renormalised over the top-k
+    p = torch.softmax(teacher_logp, -1)  # renormalised over the top-k (entries at -inf get 0)
     log_q = torch.log_softmax(student_logits.float(), -1).gather(-1, teacher_idx)
-    kl = (p * (torch.log(p.clamp_min(1e-12)) - log_q)).sum(-1)
+    kl = torch.where(p > 0, p * (torch.log(p.clamp_min(1e-12)) - log_q), torch.zeros_like(p)).sum(-1)
     return (kl * mask).sum() / mask.sum().clamp_min(1.0)
 
 
-def evaluate(draft, seqs: list[list[int]], prompt_lens: list[int], teacher, k: int = 4) -> dict:
+def evaluate(draft, seqs: list[list[int]], prompt_lens: list[int], teacher, k: int = 4, vocab=None) -> dict:
     """Teacher-forced acceptance on held-out target continuations (greedy: a draft token is accepted when it equals
     the target's argmax).
 
@@ -157,7 +220,11 @@ def evaluate(draft, seqs: list[list[int]], prompt_lens: list[int], teacher, k: i
         for ids, plen, (lp, idx) in zip(seqs, prompt_lens, teacher):
             if len(ids) - plen < 2:
                 continue
-            d_arg = draft(torch.tensor([ids])).logits[0, :-1].argmax(-1)
+            if vocab is None:
+                d_arg = draft(torch.tensor([ids])).logits[0, :-1].argmax(-1)
+            else:
+                logits = draft(torch.tensor([vocab.map_ids(ids)])).logits[0, :-1]
+                d_arg = vocab.token_ids[logits[:, : vocab.unk_index].argmax(-1)]
             t_arg = idx[:, 0].long()  # teacher's argmax
             match = (d_arg == t_arg)[plen - 1 :].tolist()
             agree += sum(match)
@@ -188,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-tokens", type=int, default=128, help="target continuation length per prompt")
     ap.add_argument("--gen-batch", type=int, default=16)
     ap.add_argument("--top-k", type=int, default=32, help="teacher probabilities kept per position")
+    ap.add_argument("--draft-vocab", type=int, default=8192,
+                    help="keep the N most frequent tokens in the draft's vocabulary (0 = the target's full vocabulary)")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=256)
@@ -244,6 +313,14 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("phases 1-2: cached in %s", data_file)
 
     draft = truncated_copy(target, args.layers)
+    vocab = None
+    if 0 < args.draft_vocab < draft.config.vocab_size:
+        vocab = choose_vocabulary(data["train"], data["train_teacher"], args.draft_vocab, draft.config.vocab_size,
+                                  always=[t for t in (tok.eos_token_id,) if t is not None])
+        prune_vocabulary(draft, vocab)
+        covered = sum(int((vocab.to_draft[torch.tensor(s)] != vocab.unk_index).sum()) for s in data["eval"])
+        logger.info("draft vocabulary: %d tokens, covering %.2f%% of the held-out tokens", len(vocab),
+                    100 * covered / sum(len(s) for s in data["eval"]))
     del target
     # The draft keeps the target's (tied) embeddings and LM head frozen: only its decoder layers and final norm learn,
     # which also saves the head's weight gradient, the largest matrix.
@@ -254,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, args.steps) / args.steps)))
     gen = torch.Generator().manual_seed(args.seed)
-    ckpt_file = work / f"checkpoint-L{args.layers}.pt"
+    ckpt_file = work / f"checkpoint-L{args.layers}-V{args.draft_vocab}.pt"
     step, losses = 0, []
     if ckpt_file.exists():
         ck = torch.load(ckpt_file, weights_only=False)
@@ -265,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             gen.set_state(ck["gen"])
             step, losses = ck["step"], ck["losses"]
             logger.info("resuming from %s at step %d", ckpt_file, step)
-    batches = _batches(data["train"], data["train_teacher"], args.seq_len, args.batch_size, gen)
+    batches = _batches(data["train"], data["train_teacher"], args.seq_len, args.batch_size, gen, vocab)
     draft.train()
     logger.info("phase 3/4: distilling a %d-layer draft for %d steps", args.layers, args.steps)
     bar = tqdm(total=args.steps, initial=step, desc="distillation", unit="step")
@@ -288,14 +365,17 @@ def main(argv: list[str] | None = None) -> int:
     bar.close()
     draft.eval()
     logger.info("phase 4/4: evaluation on %d held-out HumanEval tasks", len(data["eval"]))
-    report = evaluate(draft, data["eval"], data["eval_prompt_lens"], data["eval_teacher"])
+    report = evaluate(draft, data["eval"], data["eval_prompt_lens"], data["eval_teacher"], vocab=vocab)
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     draft.save_pretrained(tmp)
     tok.save_pretrained(tmp)
+    if vocab is not None:
+        vocab.save(tmp)
     info = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "target": str(target_dir), "train_sequences": len(data["train"]), "loss_first": losses[0] if losses else None,
+            "target": str(target_dir), "train_sequences": len(data["train"]),
+            "draft_vocab": len(vocab) if vocab is not None else None, "loss_first": losses[0] if losses else None,
             "loss_last": sum(losses[-10:]) / max(1, len(losses[-10:])), "losses": losses, "eval": report,
             "minutes": (time.perf_counter() - t_start) / 60}
     (tmp / "train_draft.json").write_text(json.dumps(info, indent=2))

@@ -3,6 +3,10 @@
 Any Hugging Face causal-LM folder with the target's tokenizer. It keeps its own per-sequence KV cache
 (:class:`~spec_decode.kv_cache.CachedCausalLM`) and samples k tokens autoregressively from its distribution after the
 request's sampling transforms, returning those distributions as ``draft_probs`` for rejection sampling.
+
+A draft with a pruned vocabulary (:class:`~spec_decode.models.DraftVocab`, ``draft_vocab.json`` in its folder; as
+``make draft`` builds it) reads target ids mapped into its vocabulary and proposes only kept tokens; its probabilities
+are scattered back to the target's vocabulary, zero elsewhere, so rejection sampling stays exact.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ class DraftModelProposer:
 
     Args:
         lm: the draft model wrapped with its per-sequence KV cache.
+        vocab: the draft's pruned vocabulary, or None when it shares the target's.
     """
 
-    def __init__(self, lm: CachedCausalLM):
+    def __init__(self, lm: CachedCausalLM, vocab=None):
         self.lm = lm
+        self.vocab = vocab
 
     def propose(self, seq_id: int, token_ids: list[int], k: int, params: SamplingParams, step: int) -> Proposal:
         """Sample ``k`` draft tokens (argmax when greedy); noise keyed by (seed, step, position).
@@ -34,19 +40,27 @@ class DraftModelProposer:
         """
         if k <= 0:
             return Proposal.empty()
-        ids = list(token_ids)
+        vocab = self.vocab
+        ids = vocab.map_ids(token_ids) if vocab is not None else list(token_ids)
         drafts: list[int] = []
         probs_rows = []
         for i in range(k):
             logits = self.lm.logits(seq_id, ids, 1)[0]
+            if vocab is not None:
+                logits = logits.float()
+                logits[vocab.unk_index :] = float("-inf")  # never propose "outside the set"
             probs = logits_to_probs(logits, params)
             if params.is_greedy:
                 tok = int(torch.argmax(probs))
             else:
                 tok = sample_from(probs, generator_for(params.seed, step, _DRAFT_PURPOSE, i))
+            ids.append(tok)
+            if vocab is not None:
+                full = torch.zeros(vocab.target_vocab_size, dtype=torch.float32, device=probs.device)
+                full[vocab.token_ids.to(probs.device)] = probs[: vocab.unk_index].float()
+                probs, tok = full, int(vocab.token_ids[tok])
             drafts.append(tok)
             probs_rows.append(probs.float())
-            ids.append(tok)
         return Proposal(torch.tensor(drafts, dtype=torch.int64), torch.stack(probs_rows))
 
     def release(self, seq_id: int) -> None:

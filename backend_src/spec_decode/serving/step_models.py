@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from ..kv_cache import CachedCausalLM
-from ..models import load_causal_lm, resolve_device, resolve_draft_path, resolve_dtype, resolve_model_path
+from ..models import (load_causal_lm, load_draft_vocab, resolve_device, resolve_draft_path, resolve_dtype,
+                      resolve_model_path)
 from ..proposers import DraftModelProposer, HybridProposer, NgramProposer, SuffixProposer
 from ..sampling import SamplingParams
 from ..scorer import TargetScorer
@@ -67,8 +68,8 @@ def _is_release(inputs: dict) -> bool:
     return bool(_one(inputs, "release", False))
 
 
-def _load_lm(path_value: str, params: dict, draft: bool = False) -> CachedCausalLM | None:
-    path = resolve_draft_path(path_value) if draft else resolve_model_path(path_value)
+def _load_lm(path_value: str, params: dict) -> CachedCausalLM | None:
+    path = resolve_model_path(path_value)
     if path is None:
         return None
     device = resolve_device(config_param(params, "device", "auto"))
@@ -113,9 +114,10 @@ class DraftBackend:
                         "scripts/build_suffix_tree.sh); suffix_max_cached_requests=%d may need many GB of memory",
                         self.suffix.max_cached_requests)
         self.proposers["suffix"] = self.suffix
-        lm = _load_lm(config_param(params, "draft_model_path", "auto"), params, draft=True)
+        draft_path = resolve_draft_path(config_param(params, "draft_model_path", "auto"))
+        lm = _load_lm(str(draft_path) if draft_path else "", params)
         if lm is not None:
-            self.proposers["draft"] = DraftModelProposer(lm)
+            self.proposers["draft"] = DraftModelProposer(lm, load_draft_vocab(draft_path))
         self.proposers["hybrid"] = HybridProposer(self.suffix, self.proposers.get("draft", self.proposers["ngram"]))
 
     def run(self, inputs: dict) -> dict:
