@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     from client.datasets import humaneval_prompts
     from spec_decode.kv_cache import CachedCausalLM
     from spec_decode.models import default_draft_dir, default_draft_ready, load_causal_lm, load_tokenizer
-    from spec_decode.models import prepare_default_model
+    from spec_decode.models import load_draft_vocab, prepare_default_model
     from spec_decode.proposers import DraftModelProposer
     from spec_decode.sampling import SamplingParams
     from spec_decode.scorer import TargetScorer
@@ -47,17 +47,19 @@ def main(argv: list[str] | None = None) -> int:
     tok = load_tokenizer(target_dir)
     target = CachedCausalLM(load_causal_lm(target_dir, torch.device("cpu"), torch.float32))
     draft_lm = CachedCausalLM(load_causal_lm(draft_dir, torch.device("cpu"), torch.float32))
-    proposer, scorer = DraftModelProposer(draft_lm), TargetScorer(target)
+    vocab = load_draft_vocab(draft_dir)
+    proposer, scorer = DraftModelProposer(draft_lm, vocab), TargetScorer(target)
+    as_draft = vocab.map_ids if vocab is not None else list
     greedy = SamplingParams(0.0, 0, 1.0, 0)
     times = {"target_token": [], "draft_token": [], "target_score_k1": [], "draft_propose_k": []}
     prompts = humaneval_prompts(5)
     for r in range(args.repeats):
         ids = tok(prompts[r % len(prompts)])["input_ids"] + [r % 100 + 200] * (r % 7)
         seq = 1000 + r
-        for lm, key in ((target, "target_token"), (draft_lm, "draft_token")):
-            lm.logits(seq, ids, 1)  # prefill (not timed)
+        for lm, key, m in ((target, "target_token", list), (draft_lm, "draft_token", as_draft)):
+            lm.logits(seq, m(ids), 1)  # prefill (not timed)
             t = time.perf_counter()
-            lm.logits(seq, ids + [198], 1)
+            lm.logits(seq, m(ids + [198]), 1)
             times[key].append(time.perf_counter() - t)
         drafts = proposer.propose(seq, ids + [198, 220], args.k, greedy, 0)  # warm the draft cache to this length
         t = time.perf_counter()
@@ -74,10 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         "draft": str(draft_dir), "k": args.k, "repeats": args.repeats, "median_ms": med,
         "cost_ratio_per_token": med["draft_token"] / med["target_token"],
         "cost_ratio_step": med["draft_propose_k"] / (args.k * med["target_score_k1"]),
-        "draft_layers": draft_lm.model.config.num_hidden_layers,
+        "draft_layers": draft_lm.model.config.num_hidden_layers, "draft_vocab": len(vocab) if vocab else None,
         "target_layers": target.model.config.num_hidden_layers,
     }
-    print(f"draft {draft_dir.name} ({result['draft_layers']} layers) vs target ({result['target_layers']} layers), "
+    print(f"draft {draft_dir.name} ({result['draft_layers']} layers, vocabulary {result['draft_vocab'] or 'full'}) vs target ({result['target_layers']} layers), "
           f"CPU, median of {args.repeats}")
     print(f"  one decode token: draft {med['draft_token']:.2f} ms, target {med['target_token']:.2f} ms -> "
           f"cost ratio c = {result['cost_ratio_per_token']:.3f}")

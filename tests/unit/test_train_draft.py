@@ -59,19 +59,32 @@ def test_rerun_resumes_from_the_checkpoint(tiny_draft):
 def test_greedy_output_with_the_trained_draft_equals_the_target(tiny_draft, real_model, real_tokenizer):
     from spec_decode.kv_cache import CachedCausalLM
     from spec_decode.loop import Generation, LocalStep, run_local
-    from spec_decode.models import load_causal_lm
+    from spec_decode.models import load_causal_lm, load_draft_vocab
     from spec_decode.proposers import DraftModelProposer
     from spec_decode.request import GenerationRequest
+    from spec_decode.sampling import SamplingParams
     from spec_decode.scorer import TargetScorer
 
     draft = load_causal_lm(tiny_draft, torch.device("cpu"), torch.float32)
+    vocab = load_draft_vocab(tiny_draft)
+    assert vocab is not None and draft.config.vocab_size == len(vocab) + 1 == 8193
     prompt = "def is_palindrome(s: str) -> bool:\n"
     ids = real_tokenizer(prompt)["input_ids"]
     with torch.inference_mode():
         ref = real_model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)[0, len(ids):].tolist()
     eos = real_tokenizer.eos_token_id
     ref = ref[: ref.index(eos)] if eos in ref else ref
-    step = LocalStep({"draft": DraftModelProposer(CachedCausalLM(draft))}, TargetScorer(CachedCausalLM(real_model)))
+    proposer = DraftModelProposer(CachedCausalLM(draft), vocab)
+    # Sampled proposals: full-vocabulary probabilities, zero outside the kept tokens, drafts among them.
+    prop = proposer.propose(5, ids, 3, SamplingParams(1.0, 0, 1.0, 7), 0)
+    assert prop.draft_probs.shape == (3, vocab.target_vocab_size)
+    assert torch.allclose(prop.draft_probs.sum(-1), torch.ones(3), atol=1e-4)
+    outside = torch.ones(vocab.target_vocab_size, dtype=torch.bool)
+    outside[vocab.token_ids] = False
+    assert float(prop.draft_probs[:, outside].abs().sum()) == 0.0
+    assert all(int(vocab.to_draft[t]) != vocab.unk_index for t in prop.draft_token_ids.tolist())
+    proposer.release(5)
+    step = LocalStep({"draft": proposer}, TargetScorer(CachedCausalLM(real_model)))
     gen = Generation(1, ids, GenerationRequest(prompt, 24, speculative_method="draft"), real_tokenizer, [eos], 2048, 0)
     run_local(gen, step)
     assert gen.output_ids == ref

@@ -47,8 +47,7 @@ class DraftModelProposer:
         for i in range(k):
             logits = self.lm.logits(seq_id, ids, 1)[0]
             if vocab is not None:
-                logits = logits.float()
-                logits[vocab.unk_index :] = float("-inf")  # never propose "outside the set"
+                logits = logits[: vocab.unk_index]  # never propose the "outside the set" row
             probs = logits_to_probs(logits, params)
             if params.is_greedy:
                 tok = int(torch.argmax(probs))
@@ -57,7 +56,7 @@ class DraftModelProposer:
             ids.append(tok)
             if vocab is not None:
                 full = torch.zeros(vocab.target_vocab_size, dtype=torch.float32, device=probs.device)
-                full[vocab.token_ids.to(probs.device)] = probs[: vocab.unk_index].float()
+                full[vocab.token_ids.to(probs.device)] = probs.float()
                 probs, tok = full, int(vocab.token_ids[tok])
             drafts.append(tok)
             probs_rows.append(probs.float())
