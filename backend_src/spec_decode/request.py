@@ -34,7 +34,7 @@ class ServerLimits:
         methods: the methods this server can serve (``draft`` only when a draft model is configured).
     """
 
-    default_method: str = "ngram"
+    default_method: str = "suffix"
     default_num_draft_tokens: int = 4
     max_num_draft_tokens: int = 8
     max_model_len: int = 2048
@@ -57,7 +57,7 @@ class GenerationRequest:
     exclude_input_in_output: bool = False
     return_log_probs: bool = False
     num_draft_tokens: int = 4
-    speculative_method: str = "ngram"
+    speculative_method: str = "suffix"
     acceptance_method: str = ""  # "" = the verifier's configured default
 
 

@@ -16,7 +16,7 @@ def _req(**kw):
 
 def test_defaults():
     r = parse_request(_req(), LIMITS)
-    assert (r.text_input, r.max_tokens, r.speculative_method, r.temperature) == ("hi", 8, "ngram", 0.0)
+    assert (r.text_input, r.max_tokens, r.speculative_method, r.temperature) == ("hi", 8, "suffix", 0.0)
     assert r.stream is False  # as the TensorRT-LLM and vLLM backends
 
 

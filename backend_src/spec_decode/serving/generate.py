@@ -107,7 +107,7 @@ class GenerateBackend:
 
             available = "true" if default_draft_ready() else "false"
         methods = tuple(m for m in METHODS if m != "draft" or available == "true")
-        default_method = config_param(params, "default_speculative_method", "ngram")
+        default_method = config_param(params, "default_speculative_method", "suffix")
         if default_method not in methods:
             raise ValueError(f"default_speculative_method={default_method!r}: allowed values are {', '.join(methods)}")
         self.limits = ServerLimits(

@@ -90,7 +90,8 @@ class DraftBackend:
     none; "" = none; "default" = the embedded target; or a folder), device, dtype,
     max_sequences, ngram_min, ngram_max, max_num_draft_tokens (the largest k a step may ask for), suffix_* (suffix
     decoding: max_tree_depth, max_cached_requests, max_spec_factor, max_spec_offset, min_token_prob, backend).
-    Methods: ngram, suffix, hybrid (suffix when its score >= k, else the draft LM, or n-gram without one), draft.
+    Methods: ngram, suffix, hybrid (suffix when its score >= k, else the ``hybrid_fallback`` proposer: ngram (default),
+    draft, or auto = the draft LM when there is one), draft.
     Outputs: draft_token_ids INT64 [k'], draft_probs FP32 [k', V] ([0, 0] for drafts without probabilities).
     """
 
@@ -118,7 +119,14 @@ class DraftBackend:
         lm = _load_lm(str(draft_path) if draft_path else "", params)
         if lm is not None:
             self.proposers["draft"] = DraftModelProposer(lm, load_draft_vocab(draft_path))
-        self.proposers["hybrid"] = HybridProposer(self.suffix, self.proposers.get("draft", self.proposers["ngram"]))
+        fallback = config_param(params, "hybrid_fallback", "ngram")
+        if fallback not in ("ngram", "draft", "auto"):
+            raise ValueError(f"hybrid_fallback={fallback!r}: allowed values are ngram, draft, auto")
+        if fallback == "auto":
+            fallback = "draft" if "draft" in self.proposers else "ngram"
+        if fallback == "draft" and "draft" not in self.proposers:
+            raise ValueError("hybrid_fallback=draft needs a draft LM (draft_model_path)")
+        self.proposers["hybrid"] = HybridProposer(self.suffix, self.proposers[fallback])
 
     def run(self, inputs: dict) -> dict:
         """Propose drafts for one sequence, or free its caches when ``release`` is set."""
