@@ -13,8 +13,9 @@ and the tree (request or global). No draft probabilities: the verifier treats q 
 
 - ``arctic`` (default when importable): Arctic Inference's C++ ``SuffixTree``, path-compressed with children kept in
   count order (``scripts/build_suffix_tree.sh`` builds it from the PyPI sdist). Measured at depth 64 with 10,000
-  cached responses of 500 tokens: ~320 B per cached token (1.5 GB), ~0.1 ms per speculate (p99 < 0.5 ms), ~8 us per
-  inserted token (``bench/suffix_cache.py``).
+  cached responses of 500 tokens: ~330 B per cached token (1.56 GB), ~0.09 ms median per speculate (p99 0.2 ms),
+  5-8 us per inserted token (``bench/suffix_cache.py``). It matches at most len(context) - 1 tokens and may break
+  ties between equally frequent children differently.
 - ``python``: :class:`SuffixTree`, a pure-Python dictionary trie with the same semantics (the reference the tests
   check against brute force; no compiler needed). Updates cost O(max_tree_depth) per token, memory ~300 B per node and
   up to max_tree_depth nodes per token of text that never repeats (~16 KB per cached token at depth 64), so it suits
