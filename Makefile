@@ -1,5 +1,5 @@
 # make serve  - set everything up (first time) and serve the model repository on the embedded default model
-# make draft  - distil the default draft model from the target (~10 min on 2 cores; cached under ~/.cache/spec_decode)
+# make draft  - distil the default draft model from the target (~13 min on 2 cores; cached under ~/.cache/spec_decode)
 # make test   - set everything up (first time) and run the test suite (unit + integration against a real tritonserver)
 # make bench  - a repeated HumanEval workload (two passes) through a fresh server per method (none, ngram, suffix,
 #               draft, hybrid) beside in-process transformers (JSON + PNG), suffix decoding's cache at 10,000 cached
@@ -20,7 +20,7 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml scripts/setup.
 
 setup: $(STAMP)
 
-# The distilled draft is built on first use (~10 min, progress shown; SKIP_DRAFT=1 skips it). If it is missing the
+# The distilled draft is built on first use (~13 min, progress shown; SKIP_DRAFT=1 skips it). If it is missing the
 # server serves the model-free proposers (ngram, suffix, hybrid over n-gram).
 serve: $(STAMP)
 	@if [ -z "$$SKIP_DRAFT" ]; then $(PY) -m spec_decode.train_draft --if-missing || echo ">> draft training failed: serving without a draft LM"; fi

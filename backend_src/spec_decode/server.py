@@ -227,6 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     prepare_default_model()
+
+    def _terminate(signum, frame):  # kill, systemd, supervisors: stop tritonserver too, as Ctrl-C does
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)
     overrides = draft_overrides(args.draft_model) if args.draft_model else None
     repo = prepare_repository(overrides, args.model_repository)
     server = TritonServer(repo, args.http_port, args.grpc_port, args.metrics_port, log_verbose=args.log_verbose)

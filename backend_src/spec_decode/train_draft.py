@@ -23,7 +23,7 @@ rejection sampling stays exact (the draft's probability is zero outside the set;
 The result is an ordinary Hugging Face folder (config.json, model.safetensors, tokenizer files) plus
 ``draft_vocab.json`` and ``train_draft.json`` (settings, loss curve, evaluation), written atomically to ``--output`` (default
 ``$SPEC_DECODE_CACHE/models/SmolLM2-135M-Instruct-draft``, outside the repository). Phases 1-2 are cached in
-``<output>.work``. About 14 minutes on 2 CPU cores with the defaults (target continuations ~5, teacher passes ~3,
+``<output>.work``. About 13 minutes on 2 CPU cores with the defaults (target continuations ~5, teacher passes ~2,
 distillation ~6).
 """
 

@@ -202,3 +202,43 @@ def test_disable_by_batch_size_turns_speculation_off(tmp_path, greedy_references
         r = stream_generate(srv.grpc_url, prompt, 16, speculative_method="ngram", num_draft_tokens=4)
         assert r.output_ids == ref[:16]
         assert r.stats["num_draft_tokens_total"] == 0 and r.stats["num_steps"] == 16
+
+
+def test_launcher_sigterm_stops_tritonserver(tmp_path):
+    """`kill <launcher>` (systemd, supervisors) must not orphan tritonserver and its backend stubs."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from spec_decode.server import free_port
+
+    ports = [str(free_port()) for _ in range(3)]
+    env = dict(os.environ, HTTP_PORT=ports[0], GRPC_PORT=ports[1], METRICS_PORT=ports[2])
+    log = open(tmp_path / "launcher.log", "w")
+    launcher = subprocess.Popen([sys.executable, "-m", "spec_decode.server"], env=env, stdout=log, stderr=log)
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline and "All models READY" not in (tmp_path / "launcher.log").read_text():
+            assert launcher.poll() is None, (tmp_path / "launcher.log").read_text()[-3000:]
+            time.sleep(1)
+        assert requests.get(f"http://127.0.0.1:{ports[0]}/v2/health/ready", timeout=5).status_code == 200
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(60)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                requests.get(f"http://127.0.0.1:{ports[0]}/v2/health/live", timeout=2)
+            except requests.ConnectionError:
+                break
+            time.sleep(1)
+        else:
+            pytest.fail("tritonserver still answers after the launcher got SIGTERM")
+        stray = subprocess.run(["pgrep", "-f", "--", f"--http-port={ports[0]}"], capture_output=True, text=True).stdout
+        assert stray.strip() == ""
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        subprocess.run(["pkill", "-f", "--", f"--http-port={ports[0]}"])
+        log.close()
