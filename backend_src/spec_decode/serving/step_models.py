@@ -68,8 +68,8 @@ def _is_release(inputs: dict) -> bool:
     return bool(_one(inputs, "release", False))
 
 
-def _load_lm(path_value: str, params: dict) -> CachedCausalLM | None:
-    path = resolve_model_path(path_value)
+def _load_lm(path, params: dict) -> CachedCausalLM | None:
+    """The model folder ``path`` (already resolved; None = no model) on the configured device/dtype, with its cache."""
     if path is None:
         return None
     device = resolve_device(config_param(params, "device", "auto"))
@@ -116,7 +116,7 @@ class DraftBackend:
                         self.suffix.max_cached_requests)
         self.proposers["suffix"] = self.suffix
         draft_path = resolve_draft_path(config_param(params, "draft_model_path", "auto"))
-        lm = _load_lm(str(draft_path) if draft_path else "", params)
+        lm = _load_lm(draft_path, params)
         if lm is not None:
             self.proposers["draft"] = DraftModelProposer(lm, load_draft_vocab(draft_path))
         fallback = config_param(params, "hybrid_fallback", "ngram")
@@ -166,7 +166,7 @@ class TargetBackend:
     INPUTS = ("sequence_id", "token_ids", "draft_token_ids", "temperature", "top_k", "top_p", "release")
 
     def __init__(self, params: dict[str, str]):
-        lm = _load_lm(config_param(params, "model_path", "default"), params)
+        lm = _load_lm(resolve_model_path(config_param(params, "model_path", "default")), params)
         self.scorer = TargetScorer(lm)
 
     def run(self, inputs: dict) -> dict:
