@@ -31,6 +31,7 @@ class DraftModelProposer:
     def __init__(self, lm: CachedCausalLM, vocab=None):
         self.lm = lm
         self.vocab = vocab
+        self._kept_on_device = None  # vocab.token_ids on the draft's device (copied once, not per token)
 
     def propose(self, seq_id: int, token_ids: list[int], k: int, params: SamplingParams, step: int) -> Proposal:
         """Sample ``k`` draft tokens (argmax when greedy); noise keyed by (seed, step, position).
@@ -55,8 +56,10 @@ class DraftModelProposer:
                 tok = sample_from(probs, generator_for(params.seed, step, _DRAFT_PURPOSE, i))
             ids.append(tok)
             if vocab is not None:
+                if self._kept_on_device is None or self._kept_on_device.device != probs.device:
+                    self._kept_on_device = vocab.token_ids.to(probs.device)
                 full = torch.zeros(vocab.target_vocab_size, dtype=torch.float32, device=probs.device)
-                full[vocab.token_ids.to(probs.device)] = probs.float()
+                full[self._kept_on_device] = probs.float()
                 probs, tok = full, int(vocab.token_ids[tok])
             drafts.append(tok)
             probs_rows.append(probs.float())
