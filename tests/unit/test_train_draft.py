@@ -105,3 +105,23 @@ def test_auto_draft_path_is_the_distilled_draft_only_when_built(tmp_path, monkey
     assert resolve_draft_path("") is None
     with pytest.raises(FileNotFoundError):
         resolve_draft_path(str(tmp_path / "missing"))
+
+
+def test_evaluate_steps_drafts_as_live_greedy_decoding():
+    # Draft matches the target at positions 0,1,4,5,6,7,8 of 10: live steps (k = 4) accept 2, 0, 4, 0 drafts.
+    from types import SimpleNamespace
+
+    from spec_decode.train_draft import evaluate
+
+    match = [1, 1, 0, 0, 1, 1, 1, 1, 1, 0]
+    logits = torch.zeros(1, len(match) + 1, 8)
+    for i, m in enumerate(match):
+        logits[0, i, 5 if m else 6] = 1.0
+    teacher_idx = torch.full((len(match), 2), 5, dtype=torch.int32)
+    report = evaluate(lambda ids: SimpleNamespace(logits=logits), [list(range(len(match) + 1))], [1],
+                      [(torch.zeros(len(match), 2), teacher_idx)], k=4)
+    assert report["top1_agreement"] == pytest.approx(0.7)
+    assert report["live_steps"] == 4
+    assert report["live_acceptance_per_position"] == pytest.approx([0.5, 0.5, 0.25, 0.25])
+    assert report["live_acceptance_rate"] == pytest.approx(6 / 16)
+    assert report["live_tokens_per_step"] == pytest.approx(2.5)
