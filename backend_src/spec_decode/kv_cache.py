@@ -53,6 +53,11 @@ class CachedCausalLM:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def cached_tokens(self) -> int:
+        """Tokens held in all the sequences' caches (their keys and values take memory in proportion)."""
+        with self._lock:
+            return sum(len(e.ids) for e in self._entries.values())
+
     def cached_ids(self, seq_id: int) -> list[int] | None:
         """Tokens currently held in the cache of ``seq_id`` (None when absent)."""
         e = self._entries.get(seq_id)

@@ -133,7 +133,8 @@ class Generation:
         self.stop_ids = set(int(t) for t in eos_token_ids)
         if request.end_id is not None:
             self.stop_ids.add(int(request.end_id))
-        self.params = SamplingParams(request.temperature, request.top_k, request.top_p, int(seed))
+        self.params = SamplingParams(request.temperature, request.top_k, request.top_p, int(seed),
+                                     seeded=request.random_seed is not None)
         self.detok = IncrementalDetokenizer(tokenizer, prompt_ids)
         self.stats = GenerationStats()
         self.text = ""  # all complete output text so far (stop words are searched here)

@@ -23,12 +23,15 @@ class SamplingParams:
         top_k: keep the k most probable tokens; 0 disables.
         top_p: keep the smallest set of tokens whose probability mass reaches top_p, in (0, 1]; 1 disables.
         seed: request seed, a non-negative 63-bit integer (``generate`` draws one when the client sends none).
+        seeded: True when ``seed`` came from the client. A seeded request must be reproducible whatever else runs, so
+            its drafts may depend only on the request itself (suffix decoding then skips the global response tree).
     """
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    seeded: bool = True
 
     @property
     def is_greedy(self) -> bool:

@@ -157,7 +157,8 @@ def test_internal_step_model_validates_direct_calls(server):
                   "speculative_method": ("BYTES", np.array([b"draft"], object)),
                   "temperature": ("FP32", np.array([temperature], np.float32)),
                   "top_k": ("INT32", np.array([0], np.int32)), "top_p": ("FP32", np.array([1.0], np.float32)),
-                  "random_seed": ("INT64", np.array([0], np.int64)), "step": ("INT64", np.array([0], np.int64)),
+                  "random_seed": ("INT64", np.array([0], np.int64)), "seeded": ("BOOL", np.array([True])),
+                  "step": ("INT64", np.array([0], np.int64)),
                   "release": ("BOOL", np.array([False])), "acceptance_method": ("BYTES", np.array([b""], object))}
         inputs = []
         for name, (dt, arr) in values.items():

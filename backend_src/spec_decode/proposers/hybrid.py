@@ -30,7 +30,7 @@ class HybridProposer:
         """The suffix draft if its score >= k, else the fallback's proposal."""
         if k <= 0:
             return Proposal.empty()
-        draft = self.suffix.speculate(seq_id, token_ids, k)
+        draft = self.suffix.speculate(seq_id, token_ids, k, self.suffix.uses_global_tree(params))
         if draft.score >= k:
             return Proposal(torch.tensor(draft.token_ids, dtype=torch.int64), None)
         return self.fallback.propose(seq_id, token_ids, k, params, step)

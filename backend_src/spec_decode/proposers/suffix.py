@@ -250,6 +250,7 @@ class SuffixCache:
         self._local: dict = {}  # req_id -> (tree over prompt + response, response tokens)
         self._cached: OrderedDict = OrderedDict()  # global seq id -> response tokens, oldest first
         self._next_global_id = 0
+        self._cached_token_count = 0
 
     @property
     def active_requests(self):
@@ -263,7 +264,7 @@ class SuffixCache:
 
     def cached_tokens(self) -> int:
         """Tokens in the global tree (its memory grows with them)."""
-        return sum(len(r) for r in self._cached.values())
+        return self._cached_token_count
 
     def start_request(self, req_id, prompt_token_ids) -> None:
         """Begin a request: its tree holds the prompt."""
@@ -292,25 +293,30 @@ class SuffixCache:
         gid = self._next_global_id
         self._next_global_id = (gid + 1) & 0x7FFFFFFF  # the C++ tree keys sequences by int32
         if gid in self._cached:
-            self.engine.remove(self.global_tree, gid, self._cached.pop(gid))
+            self._evict(gid, self._cached.pop(gid))
         self.engine.add(self.global_tree, gid, response)
         self._cached[gid] = array("i", response)  # 4 bytes per token (the python engine needs them to remove)
+        self._cached_token_count += len(response)
         while len(self._cached) > self.max_cached_requests:
-            old, tokens = self._cached.popitem(last=False)
-            self.engine.remove(self.global_tree, old, tokens)
+            self._evict(*self._cached.popitem(last=False))
+
+    def _evict(self, gid, tokens) -> None:
+        self.engine.remove(self.global_tree, gid, tokens)
+        self._cached_token_count -= len(tokens)
 
     def speculate(self, req_id, context, max_spec_tokens: int, max_spec_factor: float = 1.0,
-                  max_spec_offset: float = 0.0, min_token_prob: float = 0.1) -> SuffixDraft:
+                  max_spec_offset: float = 0.0, min_token_prob: float = 0.1, use_global: bool = True) -> SuffixDraft:
         """Best draft of the request's tree and the global tree for the end of ``context`` (ties: the request's).
 
         ``context`` must end with the request's sequence so far; only its last max_tree_depth tokens are matched.
+        ``use_global=False`` matches the request's tree only.
         """
         if req_id not in self._local:
             raise ValueError(f"Request '{req_id}' is not active")
         context = [int(t) for t in context[-self.max_tree_depth :]]
         args = (max_spec_tokens, max_spec_factor, max_spec_offset, min_token_prob)
         local = self.engine.speculate(self._local[req_id][0], context, True, *args)
-        if not self._cached:
+        if not self._cached or not use_global:
             return local
         glob = self.engine.speculate(self.global_tree, context, False, *args)
         return glob if glob.score > local.score else local
@@ -393,23 +399,31 @@ class SuffixProposer:
         while len(self._ids) > self.max_active:
             self.release(next(iter(self._ids)))
 
-    def speculate(self, seq_id: int, token_ids: list[int], k: int) -> SuffixDraft:
+    def speculate(self, seq_id: int, token_ids: list[int], k: int, use_global: bool = True) -> SuffixDraft:
         """Best draft of the request's tree and the global tree for the end of ``token_ids`` (at most ``k`` tokens).
 
         Args:
             seq_id: the sequence (uint64).
             token_ids: its committed ids (prompt + output so far).
             k: most tokens to draft.
+            use_global: also match earlier responses (False: the request's own tree only).
         """
         token_ids = [int(t) for t in token_ids]
         self._sync(seq_id, token_ids)
-        return self.cache.speculate(seq_id, token_ids, k, self.factor, self.offset, self.min_prob)
+        return self.cache.speculate(seq_id, token_ids, k, self.factor, self.offset, self.min_prob, use_global)
+
+    @staticmethod
+    def uses_global_tree(params: SamplingParams | None) -> bool:
+        """Whether a request's drafts may come from earlier responses: not for seeded sampling, whose output must be a
+        function of the request alone (drafts change which tokens rejection sampling emits, though never their
+        distribution); greedy output is the target's argmax walk whatever the drafts."""
+        return params is None or params.is_greedy or not params.seeded
 
     def propose(self, seq_id: int, token_ids: list[int], k: int, params: SamplingParams, step: int) -> Proposal:
         """Up to ``k`` draft tokens from suffix matching (no draft probabilities)."""
         if k <= 0:
             return Proposal.empty()
-        draft = self.speculate(seq_id, token_ids, k)
+        draft = self.speculate(seq_id, token_ids, k, self.uses_global_tree(params))
         return Proposal(torch.tensor(draft.token_ids, dtype=torch.int64), None)
 
     def update(self, seq_id: int, token_ids: list[int]) -> None:

@@ -18,6 +18,7 @@ from ..loop import Chunk, Generation, StepInputs, StepResult, speculation_disabl
 from ..models import load_tokenizer, resolve_model_path
 from ..request import METHODS, InvalidInputError, ServerLimits, parse_request
 from .adapter import config_param, error_response, read_inputs
+from .metrics import Metrics, stats_tuple
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class TritonStep:
             pb.Tensor("top_k", np.array([p.top_k], np.int32)),
             pb.Tensor("top_p", np.array([p.top_p], np.float32)),
             pb.Tensor("random_seed", np.array([p.seed], np.int64)),
+            pb.Tensor("seeded", np.array([p.seeded], np.bool_)),
             pb.Tensor("step", np.array([inp.step], np.int64)),
             pb.Tensor("release", np.array([release], np.bool_)),
             pb.Tensor("acceptance_method", np.array([inp.acceptance_method.encode()], np.object_)),
@@ -126,6 +128,8 @@ class GenerateBackend:
         self.adaptive_max_k = self.limits.max_num_draft_tokens if schedule == "heuristic" else 0
         self.running = 0  # requests being generated (this instance)
         self._rng = random.Random()
+        self.metrics = Metrics(pb_utils)
+        self.metrics.set("spec_decode_running_sequences", 0)
 
     def _start(self, inputs: dict) -> Generation:
         req = parse_request(inputs, self.limits)
@@ -177,7 +181,7 @@ class GenerateBackend:
             return
         req = gen.request
         gathered_text, gathered_ids, gathered_lps = [], [], []
-        self.running += 1
+        self._set_running(+1)
         try:
             while not gen.finished:
                 if sender.is_cancelled():
@@ -186,7 +190,13 @@ class GenerateBackend:
                 inp = gen.next_step()
                 if speculation_disabled(self.running, self.disable_by_batch_size):
                     inp.num_draft_tokens = 0
-                chunk = gen.commit(await self.step(inp))
+                result = await self.step(inp)
+                if sender.is_cancelled():  # the client left during the step: send and count nothing more
+                    gen.cancel()
+                    break
+                before = stats_tuple(gen.stats)
+                chunk = gen.commit(result)
+                self.metrics.record_step(req.speculative_method, inp.num_draft_tokens, before, gen.stats)
                 if req.stream:
                     if chunk.finished:
                         break
@@ -207,10 +217,17 @@ class GenerateBackend:
                 sender.send(self._response(gen, whole, prefix), flags=final)
         except Exception as exc:  # noqa: BLE001
             logger.error("generate: %s", traceback.format_exc())
+            gen.finish_reason = "error"
             try:
                 sender.send(error_response(exc, pb), flags=final)
             except Exception:  # noqa: BLE001 - the stream may already be closed
                 pass
         finally:
-            self.running -= 1
             await self.step.release(gen)
+            self._set_running(-1)
+            self.metrics.add("spec_decode_requests_total", 1, method=req.speculative_method,
+                             finish_reason=gen.finish_reason or "error")
+
+    def _set_running(self, delta: int) -> None:
+        self.running += delta
+        self.metrics.set("spec_decode_running_sequences", self.running)

@@ -8,6 +8,7 @@ frees the sequence's caches and returns empty outputs, which flow through the en
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 import torch
@@ -20,11 +21,12 @@ from ..sampling import SamplingParams
 from ..scorer import TargetScorer
 from ..step import Verifier
 from .adapter import config_param
+from .metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
 STEP_INPUTS = ("sequence_id", "token_ids", "num_draft_tokens", "speculative_method", "temperature", "top_k", "top_p",
-               "random_seed", "step", "release")
+               "random_seed", "seeded", "step", "release")
 
 
 def _one(inputs: dict, name: str, default=None):
@@ -47,6 +49,7 @@ def _params(inputs: dict) -> SamplingParams:
         top_k=int(_one(inputs, "top_k", 0)),
         top_p=float(_one(inputs, "top_p", 1.0)),
         seed=int(_one(inputs, "random_seed", 0)),
+        seeded=bool(_one(inputs, "seeded", True)),
     )
     if not (np.isfinite(p.temperature) and p.temperature >= 0):
         raise ValueError(f"temperature must be >= 0, got {p.temperature}")
@@ -93,11 +96,14 @@ class DraftBackend:
     Methods: ngram, suffix, hybrid (suffix when its score >= k, else the ``hybrid_fallback`` proposer: ngram (default),
     draft, or auto = the draft LM when there is one), draft.
     Outputs: draft_token_ids INT64 [k'], draft_probs FP32 [k', V] ([0, 0] for drafts without probabilities).
+    Metrics (``metrics``, see :mod:`~spec_decode.serving.metrics`): time proposing per method, the draft LM's KV
+    caches, the suffix cache.
     """
 
     INPUTS = STEP_INPUTS
 
-    def __init__(self, params: dict[str, str]):
+    def __init__(self, params: dict[str, str], metrics: Metrics | None = None):
+        self.metrics = metrics if metrics is not None else Metrics()
         self.proposers = {
             "ngram": NgramProposer(config_param(params, "ngram_min", 1), config_param(params, "ngram_max", 4)),
         }
@@ -127,9 +133,26 @@ class DraftBackend:
         if fallback == "draft" and "draft" not in self.proposers:
             raise ValueError("hybrid_fallback=draft needs a draft LM (draft_model_path)")
         self.proposers["hybrid"] = HybridProposer(self.suffix, self.proposers[fallback])
+        self._draft_lm = lm
+        self._cache_gauges()
+
+    def _cache_gauges(self) -> None:
+        m = self.metrics
+        m.set("spec_decode_suffix_active_requests", self.suffix.active_requests())
+        m.set("spec_decode_suffix_cached_responses", self.suffix.cached_requests())
+        m.set("spec_decode_suffix_cached_tokens", self.suffix.cache.cached_tokens())
+        if self._draft_lm is not None:
+            m.set("spec_decode_draft_kv_cache_sequences", len(self._draft_lm))
+            m.set("spec_decode_draft_kv_cache_tokens", self._draft_lm.cached_tokens())
 
     def run(self, inputs: dict) -> dict:
         """Propose drafts for one sequence, or free its caches when ``release`` is set."""
+        try:
+            return self._run(inputs)
+        finally:
+            self._cache_gauges()
+
+    def _run(self, inputs: dict) -> dict:
         seq_id = int(_one(inputs, "sequence_id"))
         if _is_release(inputs):
             if "token_ids" in inputs:  # the final ids: the whole response joins the suffix cache
@@ -149,7 +172,10 @@ class DraftBackend:
                 f"speculative_method={method!r} is not served here; available: none, {', '.join(self.proposers)}"
             )
         step = int(_one(inputs, "step", 0))
-        proposal = self.proposers[method].propose(seq_id, _token_ids(inputs), k, _params(inputs), step)
+        ids, params = _token_ids(inputs), _params(inputs)
+        start = time.perf_counter()
+        proposal = self.proposers[method].propose(seq_id, ids, k, params, step)
+        self.metrics.add("spec_decode_propose_duration_us", (time.perf_counter() - start) * 1e6, method=method)
         probs = proposal.draft_probs
         if probs is None:
             probs = torch.zeros((0, 0), dtype=torch.float32)
@@ -161,23 +187,39 @@ class TargetBackend:
 
     Config parameters: model_path ("default" = the embedded SmolLM2-135M-Instruct), device, dtype, max_sequences.
     Output: target_probs FP32 [k+1, V] (on the model's device; [0, 0] for a release).
+    Metrics: time scoring, the target's KV caches.
     """
 
     INPUTS = ("sequence_id", "token_ids", "draft_token_ids", "temperature", "top_k", "top_p", "release")
 
-    def __init__(self, params: dict[str, str]):
-        lm = _load_lm(resolve_model_path(config_param(params, "model_path", "default")), params)
-        self.scorer = TargetScorer(lm)
+    def __init__(self, params: dict[str, str], metrics: Metrics | None = None):
+        self.metrics = metrics if metrics is not None else Metrics()
+        self.lm = _load_lm(resolve_model_path(config_param(params, "model_path", "default")), params)
+        self.scorer = TargetScorer(self.lm)
+        self._cache_gauges()
+
+    def _cache_gauges(self) -> None:
+        self.metrics.set("spec_decode_target_kv_cache_sequences", len(self.lm))
+        self.metrics.set("spec_decode_target_kv_cache_tokens", self.lm.cached_tokens())
 
     def run(self, inputs: dict) -> dict:
         """Score drafts for one sequence, or free its KV cache when ``release`` is set."""
+        try:
+            return self._run(inputs)
+        finally:
+            self._cache_gauges()
+
+    def _run(self, inputs: dict) -> dict:
         seq_id = int(_one(inputs, "sequence_id"))
         if _is_release(inputs):
             self.scorer.release(seq_id)
             return {"target_probs": torch.zeros((0, 0), dtype=torch.float32)}
         drafts = np.asarray(inputs.get("draft_token_ids", np.zeros(0, np.int64))).reshape(-1).tolist()
-        probs = self.scorer.score(seq_id, _token_ids(inputs), drafts, _params(inputs))
-        return {"target_probs": probs.float()}
+        ids, params = _token_ids(inputs), _params(inputs)
+        start = time.perf_counter()
+        probs = self.scorer.score(seq_id, ids, drafts, params).float()
+        self.metrics.add("spec_decode_score_duration_us", (time.perf_counter() - start) * 1e6)
+        return {"target_probs": probs}
 
 
 class VerifierBackend:
@@ -186,12 +228,14 @@ class VerifierBackend:
     Config parameters: acceptance_method (rejection | typical, the default when a request names none),
     typical_epsilon (0.09), typical_alpha (0.3), backend (auto | triton | torch).
     Outputs: output_ids INT64 [n] (1 <= n <= k+1), output_log_probs FP32 [n]; both empty for a release.
+    Metrics: time verifying.
     """
 
     INPUTS = ("target_probs", "draft_token_ids", "draft_probs", "temperature", "random_seed", "step",
               "acceptance_method")
 
-    def __init__(self, params: dict[str, str]):
+    def __init__(self, params: dict[str, str], metrics: Metrics | None = None):
+        self.metrics = metrics if metrics is not None else Metrics()
         self.verifier = Verifier(
             acceptance_method=config_param(params, "acceptance_method", "rejection"),
             typical_epsilon=config_param(params, "typical_epsilon", 0.09),
@@ -210,6 +254,8 @@ class VerifierBackend:
         greedy = float(_one(inputs, "temperature", 0.0)) <= 0.0
         method = _one(inputs, "acceptance_method", b"")
         method = method.decode() if isinstance(method, bytes) else str(method)
+        start = time.perf_counter()
         ids, lps = self.verifier.verify(tp, drafts.to(tp.device), dp, int(_one(inputs, "random_seed", 0)),
                                         int(_one(inputs, "step", 0)), greedy, method)
+        self.metrics.add("spec_decode_verify_duration_us", (time.perf_counter() - start) * 1e6)
         return {"output_ids": np.asarray(ids, np.int64), "output_log_probs": np.asarray(lps, np.float32)}

@@ -3,12 +3,13 @@
 import triton_python_backend_utils as pb_utils
 
 from spec_decode.serving.adapter import execute, model_parameters
+from spec_decode.serving.metrics import Metrics
 from spec_decode.serving.step_models import DraftBackend
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.backend = DraftBackend(model_parameters(args))
+        self.backend = DraftBackend(model_parameters(args), Metrics(pb_utils))
 
     def execute(self, requests):
         return execute(self.backend, requests, pb_utils)

@@ -1,0 +1,250 @@
+"""generate's request handling with a fake pb_utils (cancellation, errors, metrics), the metrics module, and the
+sampling transforms shared by the draft and the target."""
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from spec_decode.kv_cache import CachedCausalLM
+from spec_decode.loop import Generation, LocalStep, StepResult, run_local
+from spec_decode.proposers import DraftModelProposer, SuffixProposer
+from spec_decode.request import GenerationRequest
+from spec_decode.sampling import SamplingParams
+from spec_decode.scorer import TargetScorer
+from spec_decode.serving.metrics import METRICS, Metrics
+
+FINAL = 1
+
+
+class _Tensor:
+    def __init__(self, name, arr):
+        self.name, self.arr = name, np.asarray(arr)
+
+    def is_cpu(self):
+        return True
+
+    def as_numpy(self):
+        return self.arr
+
+
+class _Response:
+    def __init__(self, output_tensors=None, error=None):
+        self.outputs = {t.name: t.arr for t in output_tensors or []}
+        self.error = error
+
+
+class _Error:
+    INVALID_ARG, INTERNAL = "INVALID_ARG", "INTERNAL"
+
+    def __init__(self, message, code):
+        self.message, self.code = message, code
+
+
+class _FakeMetricFamily:
+    COUNTER, GAUGE = "counter", "gauge"
+    created = []
+
+    def __init__(self, name, description, kind):
+        self.name, self.kind, self.metrics = name, kind, []
+        _FakeMetricFamily.created.append(self)
+
+    def Metric(self, labels):  # noqa: N802 - pb_utils' name
+        m = _FakeMetric(labels)
+        self.metrics.append(m)
+        return m
+
+
+class _FakeMetric:
+    def __init__(self, labels):
+        self.labels, self.value = labels, 0.0
+
+    def increment(self, v):
+        self.value += v
+
+    def set(self, v):
+        self.value = v
+
+
+class FakePb:
+    """The parts of triton_python_backend_utils that generate uses."""
+
+    TRITONSERVER_RESPONSE_COMPLETE_FINAL = FINAL
+    Tensor, InferenceResponse, TritonError, MetricFamily = _Tensor, _Response, _Error, _FakeMetricFamily
+
+    @staticmethod
+    def get_input_tensor_by_name(request, name):
+        arr = request.inputs.get(name)
+        return None if arr is None else _Tensor(name, arr)
+
+    @staticmethod
+    def get_output_tensor_by_name(response, name):
+        return _Tensor(name, response.outputs[name])
+
+
+class _Sender:
+    def __init__(self):
+        self.sent, self.cancelled = [], False
+
+    def send(self, response=None, flags=0):
+        assert not (self.sent and self.sent[-1][1] == FINAL), "a response was sent after the final one"
+        self.sent.append((response, flags))
+
+    def is_cancelled(self):
+        return self.cancelled
+
+
+class _Request:
+    def __init__(self, **inputs):
+        self.inputs, self.sender = inputs, _Sender()
+
+    def get_response_sender(self):
+        return self.sender
+
+
+class _ScriptedStep:
+    """Each step emits two fixed tokens (one accepted draft of two); can cancel the client during step ``cancel_at``."""
+
+    def __init__(self, request=None, cancel_at=None, fail_at=None):
+        self.request, self.cancel_at, self.fail_at = request, cancel_at, fail_at
+        self.calls, self.released = 0, []
+
+    async def __call__(self, inp):
+        self.calls += 1
+        await asyncio.sleep(0)
+        if self.calls == self.fail_at:
+            raise RuntimeError("spec_step failed: boom")
+        if self.calls == self.cancel_at:
+            self.request.sender.cancelled = True
+        return StepResult([40 + self.calls, 60 + self.calls], 2, [-0.5, -0.25])
+
+    async def release(self, gen):
+        self.released.append(gen.seq_id)
+
+
+@pytest.fixture(scope="module")
+def backend(real_model_dir):
+    from spec_decode.serving.generate import GenerateBackend
+
+    return GenerateBackend({"draft_model_available": "false"}, FakePb)
+
+
+def _request(**kw):
+    base = dict(text_input=np.array([b"def add(a, b):"], object), max_tokens=np.array([50], np.int32),
+                stream=np.array([True]), speculative_method=np.array([b"ngram"], object))
+    base.update(kw)
+    return _Request(**base)
+
+
+def test_cancel_during_a_step_stops_within_it_and_frees_the_sequence(backend):
+    req = _request()
+    backend.step = _ScriptedStep(req, cancel_at=3)
+    before = backend.metrics.get("spec_decode_requests_total", method="ngram", finish_reason="cancelled")
+    asyncio.run(backend.handle(req))
+    assert backend.step.calls == 3  # the step in flight finished; no step after it
+    sent = req.sender.sent
+    assert [f for _, f in sent] == [0, 0, FINAL] and sent[-1][0] is None  # 2 streamed steps, then an empty final
+    assert [list(r.outputs["output_ids"]) for r, _ in sent[:2]] == [[41, 61], [42, 62]]
+    assert len(backend.step.released) == 1
+    assert backend.metrics.get("spec_decode_requests_total", method="ngram", finish_reason="cancelled") == before + 1
+    assert backend.metrics.get("spec_decode_running_sequences") == 0
+
+
+def test_failing_step_sends_one_error_and_releases(backend):
+    req = _request()
+    backend.step = _ScriptedStep(fail_at=2)
+    asyncio.run(backend.handle(req))
+    (first, f0), (last, f1) = req.sender.sent
+    assert f0 == 0 and f1 == FINAL and "boom" in last.error.message and last.error.code == "INTERNAL"
+    assert len(backend.step.released) == 1
+    assert backend.metrics.get("spec_decode_requests_total", method="ngram", finish_reason="error") >= 1
+
+
+def test_bad_input_is_an_invalid_arg_response_and_starts_nothing(backend):
+    req = _request(num_draft_tokens=np.array([99], np.int32))
+    backend.step = _ScriptedStep()
+    asyncio.run(backend.handle(req))
+    ((resp, flags),) = req.sender.sent
+    assert flags == FINAL and resp.error.code == "INVALID_ARG" and "num_draft_tokens" in resp.error.message
+    assert "[0, 8]" in resp.error.message and backend.step.calls == 0 and backend.step.released == []
+
+
+def test_metrics_count_committed_tokens_and_export_them(backend):
+    m = backend.metrics
+    names = ("spec_decode_steps_total", "spec_decode_draft_tokens_total", "spec_decode_accepted_tokens_total",
+             "spec_decode_emitted_tokens_total")
+    before = [m.get(n, method="ngram") for n in names]
+    req = _request(max_tokens=np.array([5], np.int32), stream=np.array([False]))
+    backend.step = _ScriptedStep()
+    asyncio.run(backend.handle(req))
+    ((resp, flags),) = req.sender.sent  # stream=false: one response
+    assert flags == FINAL and list(resp.outputs["output_ids"]) == [41, 61, 42, 62, 43]
+    # 3 steps, 2 drafts each, 1 accepted + 1 more token each; max_tokens=5 cuts the third step's last token
+    assert [m.get(n, method="ngram") - b for n, b in zip(names, before)] == [3, 6, 3, 5]
+    assert int(resp.outputs["num_accepted_tokens"][0]) == 3 and int(resp.outputs["num_emitted_tokens"][0]) == 5
+    steps, drafted, accepted, emitted = (m.get(n, method="ngram") for n in names)
+    assert m.get("spec_decode_acceptance_rate", method="ngram") == pytest.approx(accepted / drafted)
+    assert m.get("spec_decode_mean_accepted_length", method="ngram") == pytest.approx(emitted / steps)
+    # what went to pb_utils.MetricFamily is what the process holds
+    exported = {(f.name, tuple(sorted(x.labels.items()))): x.value for f in _FakeMetricFamily.created for x in f.metrics}
+    assert exported[("spec_decode_emitted_tokens_total", (("method", "ngram"),))] == emitted
+    assert {f.name for f in _FakeMetricFamily.created} <= set(METRICS)
+
+
+def test_metrics_reject_unknown_names_and_decreasing_counters():
+    m = Metrics()
+    with pytest.raises(KeyError):
+        m.add("no_such_metric", 1)
+    with pytest.raises(ValueError, match="cannot decrease"):
+        m.add("spec_decode_steps_total", -1, method="none")
+    with pytest.raises(ValueError, match="counter"):
+        m.set("spec_decode_steps_total", 3, method="none")
+
+
+def test_system_efficiency_counts_k_plus_one_per_step():
+    from spec_decode.loop import GenerationStats
+
+    m = Metrics()
+    after = GenerationStats(steps=1, draft_tokens=4, accepted_tokens=1, emitted_tokens=2)
+    m.record_step("draft", 4, (0, 0, 0, 0), after)
+    assert m.get("spec_decode_system_efficiency", method="draft") == pytest.approx(2 / 5)
+    assert m.get("spec_decode_acceptance_rate", method="draft") == pytest.approx(1 / 4)
+
+
+def test_draft_and_target_apply_the_same_sampling_transforms(tiny_lm):
+    """Self-draft under temperature, top-k and top-p: the draft's rows are the target's, so every draft is accepted."""
+    params = SamplingParams(temperature=0.7, top_k=20, top_p=0.9, seed=3)
+    prompt = [5, 17, 3, 9]
+    draft = DraftModelProposer(CachedCausalLM(tiny_lm))
+    scorer = TargetScorer(CachedCausalLM(tiny_lm))
+    proposal = draft.propose(1, prompt, 4, params, 0)
+    target = scorer.score(1, prompt, proposal.draft_token_ids.tolist(), params)
+    assert torch.equal(proposal.draft_probs > 0, target[:4] > 0)  # same top-k/top-p support
+    torch.testing.assert_close(proposal.draft_probs, target[:4], atol=1e-5, rtol=1e-4)
+
+    step = LocalStep({"draft": draft}, scorer)
+    req = GenerationRequest("x", 24, temperature=0.7, top_k=20, top_p=0.9, random_seed=3, speculative_method="draft")
+    gen = Generation(2, prompt, req, _Tok(), [], 256, 3)
+    run_local(gen, step)
+    assert gen.stats.accepted_tokens == gen.stats.draft_tokens > 0
+
+
+def test_seeded_sampling_skips_the_global_suffix_tree():
+    """A seeded sampled request drafts from itself only (reproducible whatever ran before); greedy and unseeded use
+    earlier responses."""
+    p = SuffixProposer(backend="python")
+    earlier = [1, 2, 3, 4, 5, 6, 7, 8]
+    p.speculate(1, earlier[:2], 4)
+    p.update(1, earlier)
+    p.release(1)  # the response 3..8 is now in the global tree
+    ctx = [9, 3, 4, 5]
+    greedy, seeded, unseeded = SamplingParams(), SamplingParams(0.8, seed=1), SamplingParams(0.8, seed=1, seeded=False)
+    assert p.propose(2, ctx, 3, greedy, 0).draft_token_ids.tolist() == [6, 7, 8]
+    assert p.propose(3, ctx, 3, unseeded, 0).draft_token_ids.tolist() == [6, 7, 8]
+    assert p.propose(4, ctx, 3, seeded, 0).draft_token_ids.tolist() == []
+
+
+class _Tok:
+    def decode(self, ids, **kw):
+        return "".join(chr(ord("a") + t % 26) for t in ids)
