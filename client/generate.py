@@ -55,7 +55,7 @@ def build_inputs(prompt: str, max_tokens: int, **params):
     """gRPC input tensors for ``generate``: text_input, max_tokens, plus any optional input given (None = omitted).
 
     Optional keyword names and types: temperature, top_p (FP32); top_k, num_draft_tokens, end_id (INT32);
-    random_seed (UINT64); stream, exclude_input_in_output, return_log_probs (BOOL); speculative_method,
+    random_seed (UINT64); stream, exclude_input_in_output, return_log_probs, ignore_eos (BOOL); speculative_method,
     acceptance_method (STRING);
     stop_words (list of STRING).
     """
@@ -65,7 +65,8 @@ def build_inputs(prompt: str, max_tokens: int, **params):
         "temperature": ("FP32", np.float32), "top_p": ("FP32", np.float32), "top_k": ("INT32", np.int32),
         "num_draft_tokens": ("INT32", np.int32), "end_id": ("INT32", np.int32), "random_seed": ("UINT64", np.uint64),
         "stream": ("BOOL", np.bool_), "exclude_input_in_output": ("BOOL", np.bool_),
-        "return_log_probs": ("BOOL", np.bool_), "speculative_method": ("BYTES", np.object_),
+        "return_log_probs": ("BOOL", np.bool_), "ignore_eos": ("BOOL", np.bool_),
+        "speculative_method": ("BYTES", np.object_),
         "acceptance_method": ("BYTES", np.object_),
     }
     values = {"text_input": ("BYTES", np.array([prompt.encode() if isinstance(prompt, str) else prompt], np.object_)),
@@ -144,6 +145,8 @@ def stream_generate(url: str, prompt: str, max_tokens: int, on_text=None, timeou
                         result.stats[s] = int(res.as_numpy(s).reshape(-1)[0])
                 if "finish_reason" in names:
                     result.stats["finish_reason"] = res.as_numpy("finish_reason").reshape(-1)[0].decode()
+                if "cum_log_probs" in names:
+                    result.stats["cum_log_probs"] = float(res.as_numpy("cum_log_probs").reshape(-1)[0])
                 if "output_log_probs" in names:
                     result.stats.setdefault("output_log_probs", []).extend(
                         res.as_numpy("output_log_probs").reshape(-1).tolist())

@@ -105,7 +105,8 @@ class Generation:
         prompt_ids: tokenised prompt (length >= 1).
         request: the validated request.
         tokenizer: Hugging Face tokenizer (for incremental detokenisation).
-        eos_token_ids: ids that end generation (not emitted), besides ``request.end_id``.
+        eos_token_ids: ids that end generation (not emitted), besides ``request.end_id``; ignored (emitted like any
+            token) when ``request.ignore_eos``.
         max_model_len: prompt + output must fit.
         seed: the request seed (``request.random_seed`` or one drawn by the caller).
         adaptive_max_num_draft_tokens: 0 (default) keeps k = ``request.num_draft_tokens`` every step; > 0 adapts k
@@ -130,7 +131,7 @@ class Generation:
         self.token_ids = list(prompt_ids)
         self.prompt_len = len(prompt_ids)
         self.max_model_len = max_model_len
-        self.stop_ids = set(int(t) for t in eos_token_ids)
+        self.stop_ids = set() if request.ignore_eos else set(int(t) for t in eos_token_ids)
         if request.end_id is not None:
             self.stop_ids.add(int(request.end_id))
         self.params = SamplingParams(request.temperature, request.top_k, request.top_p, int(seed),

@@ -56,6 +56,7 @@ class GenerationRequest:
     stream: bool = False  # as the TensorRT-LLM and vLLM backends: one response unless streaming is asked for
     exclude_input_in_output: bool = False
     return_log_probs: bool = False
+    ignore_eos: bool = False  # as vLLM's: generate max_tokens tokens whatever the EOS token (end_id still stops)
     num_draft_tokens: int = 4
     speculative_method: str = "suffix"
     acceptance_method: str = ""  # "" = the verifier's configured default
@@ -151,7 +152,7 @@ def parse_request(inputs: dict[str, np.ndarray], limits: ServerLimits) -> Genera
     if end_id is not None:
         req.end_id = int(end_id)
 
-    for name in ("stream", "exclude_input_in_output", "return_log_probs"):
+    for name in ("stream", "exclude_input_in_output", "return_log_probs", "ignore_eos"):
         v = _scalar(inputs, name, "biu", "BOOL")
         if v is not None:
             setattr(req, name, bool(v))

@@ -117,6 +117,38 @@ def draft_overrides(draft_model_path: str) -> dict[str, dict[str, str]]:
     }
 
 
+def _rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def process_rss(server_pid: int, repository: Path) -> dict[str, int]:
+    """RSS in bytes of a tritonserver (key ``tritonserver``) and of its model stubs (key: model name, ``name#i`` for
+    further instances); a stub is matched to its model by the model folder in its command line."""
+    out = {"tritonserver": _rss_bytes(server_pid)}
+    repo = str(Path(repository).resolve())
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid != server_pid:
+                continue
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+            model_py = next(a.decode() for a in args if a.decode().startswith(repo))
+            name = Path(model_py).relative_to(repo).parts[0]
+            key, i = name, 1
+            while key in out:
+                key, i = f"{name}#{i}", i + 1
+            out[key] = _rss_bytes(int(entry.name))
+        except (OSError, StopIteration, IndexError, ValueError):
+            continue  # gone, or not a model stub
+    return out
+
+
 class TritonServer:
     """A tritonserver process on 127.0.0.1 serving a model repository.
 
@@ -147,6 +179,22 @@ class TritonServer:
     def grpc_url(self) -> str:
         """host:port of the gRPC endpoint."""
         return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """host:port of the Prometheus metrics endpoint (``/metrics``)."""
+        return f"127.0.0.1:{self.metrics_port}"
+
+    def model_rss(self) -> dict[str, int]:
+        """Resident memory (bytes) of each Python-backend model process (the ``triton_python_backend_stub`` children of
+        this server), keyed by model name; ``tritonserver`` is the server process itself. Linux only (reads /proc).
+
+        Raises:
+            RuntimeError: the server is not running.
+        """
+        if self.proc is None or self.proc.poll() is not None:
+            raise RuntimeError("tritonserver is not running")
+        return process_rss(self.proc.pid, self.repository)
 
     def start(self) -> "TritonServer":
         """Launch tritonserver (returns at once; see :meth:`wait_ready`)."""

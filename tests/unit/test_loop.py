@@ -37,6 +37,17 @@ def test_end_id_inside_an_accepted_run_is_not_emitted(real_tokenizer):
     assert "".join(c.text for c in chunks) == real_tokenizer.decode(ids[:6])
 
 
+def test_eos_stops_unless_ignore_eos(real_tokenizer):
+    ids = real_tokenizer(" alpha beta gamma delta")["input_ids"]
+    ids = ids[:2] + [real_tokenizer.eos_token_id] + ids[2:]
+    gen = _gen(real_tokenizer, ids)
+    _run(gen, ids)
+    assert gen.output_ids == ids[:2] and gen.finish_reason == "stop"
+    gen = _gen(real_tokenizer, ids, ignore_eos=True, max_tokens=len(ids))
+    _run(gen, ids)
+    assert gen.output_ids == ids and gen.finish_reason == "length"
+
+
 def test_stop_word_cuts_text_and_nothing_after_is_sent(real_tokenizer):
     text = " red green blue STOP yellow purple"
     ids = real_tokenizer(text)["input_ids"]

@@ -23,8 +23,8 @@ from .metrics import Metrics, stats_tuple
 logger = logging.getLogger(__name__)
 
 GENERATE_INPUTS = ("text_input", "max_tokens", "temperature", "top_p", "top_k", "random_seed", "stop_words", "end_id",
-                   "stream", "exclude_input_in_output", "return_log_probs", "num_draft_tokens", "speculative_method",
-                   "acceptance_method")
+                   "stream", "exclude_input_in_output", "return_log_probs", "ignore_eos", "num_draft_tokens",
+                   "speculative_method", "acceptance_method")
 STEP_MODEL = "spec_step"
 
 

@@ -12,8 +12,9 @@ Every model process exports its own metrics (names are unique per model, so no t
 - ``target_model``: time spent scoring, the target's KV-cache sequences and tokens.
 - ``verifier``: time spent verifying.
 
-Times are wall-clock microseconds inside the model's ``execute`` (as Triton's own ``nv_inference_*_duration_us``); on
-a GPU they include only what the model waits for (outputs that stay on the device may still be in flight).
+Names follow Prometheus conventions (counters end in ``_total``, times in seconds). Times are wall-clock seconds
+inside the model's ``execute``; on a GPU they include only what the model waits for (outputs that stay on the device
+may still be in flight). Triton's own per-model ``nv_inference_*`` metrics are on the same port.
 """
 
 from __future__ import annotations
@@ -38,18 +39,18 @@ METRICS: dict[str, tuple[str, str]] = {
     "spec_decode_mean_accepted_length": (GAUGE, "Emitted tokens per step (accepted drafts + 1) since start, by method"),
     "spec_decode_running_sequences": (GAUGE, "generate requests being generated"),
     # draft_model
-    "spec_decode_propose_duration_us": (COUNTER, "Time draft_model spent proposing (us), by method"),
+    "spec_decode_propose_seconds_total": (COUNTER, "Time draft_model spent proposing (seconds), by method"),
     "spec_decode_draft_kv_cache_sequences": (GAUGE, "Sequences holding a KV cache in the draft LM"),
     "spec_decode_draft_kv_cache_tokens": (GAUGE, "Tokens held in the draft LM's KV caches"),
     "spec_decode_suffix_active_requests": (GAUGE, "Requests with a suffix tree of their own (suffix, hybrid)"),
     "spec_decode_suffix_cached_responses": (GAUGE, "Responses in the suffix decoding global tree"),
     "spec_decode_suffix_cached_tokens": (GAUGE, "Tokens in the suffix decoding global tree"),
     # target_model
-    "spec_decode_score_duration_us": (COUNTER, "Time target_model spent scoring (us)"),
+    "spec_decode_score_seconds_total": (COUNTER, "Time target_model spent scoring (seconds)"),
     "spec_decode_target_kv_cache_sequences": (GAUGE, "Sequences holding a KV cache in the target"),
     "spec_decode_target_kv_cache_tokens": (GAUGE, "Tokens held in the target's KV caches"),
     # verifier
-    "spec_decode_verify_duration_us": (COUNTER, "Time the verifier spent verifying (us)"),
+    "spec_decode_verify_seconds_total": (COUNTER, "Time the verifier spent verifying (seconds)"),
 }
 
 

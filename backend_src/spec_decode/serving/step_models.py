@@ -175,7 +175,7 @@ class DraftBackend:
         ids, params = _token_ids(inputs), _params(inputs)
         start = time.perf_counter()
         proposal = self.proposers[method].propose(seq_id, ids, k, params, step)
-        self.metrics.add("spec_decode_propose_duration_us", (time.perf_counter() - start) * 1e6, method=method)
+        self.metrics.add("spec_decode_propose_seconds_total", time.perf_counter() - start, method=method)
         probs = proposal.draft_probs
         if probs is None:
             probs = torch.zeros((0, 0), dtype=torch.float32)
@@ -218,7 +218,7 @@ class TargetBackend:
         ids, params = _token_ids(inputs), _params(inputs)
         start = time.perf_counter()
         probs = self.scorer.score(seq_id, ids, drafts, params).float()
-        self.metrics.add("spec_decode_score_duration_us", (time.perf_counter() - start) * 1e6)
+        self.metrics.add("spec_decode_score_seconds_total", time.perf_counter() - start)
         return {"target_probs": probs}
 
 
@@ -257,5 +257,5 @@ class VerifierBackend:
         start = time.perf_counter()
         ids, lps = self.verifier.verify(tp, drafts.to(tp.device), dp, int(_one(inputs, "random_seed", 0)),
                                         int(_one(inputs, "step", 0)), greedy, method)
-        self.metrics.add("spec_decode_verify_duration_us", (time.perf_counter() - start) * 1e6)
+        self.metrics.add("spec_decode_verify_seconds_total", time.perf_counter() - start)
         return {"output_ids": np.asarray(ids, np.int64), "output_log_probs": np.asarray(lps, np.float32)}
