@@ -43,6 +43,22 @@ class TargetScorer:
         logits = self.lm.logits(seq_id, list(token_ids) + list(draft_token_ids), k + 1)
         return logits_to_probs(logits, params)
 
+    def score_batch(self, items: list[tuple[int, list[int], list[int], SamplingParams]]) -> list[torch.Tensor]:
+        """:meth:`score` for several sequences in one forward pass (:meth:`CachedCausalLM.logits_batch`).
+
+        Args:
+            items: (seq_id, token_ids, draft_token_ids, params) per sequence; seq_ids distinct.
+
+        Returns:
+            per item, [k_i+1, V] float32 probabilities on the model's device.
+
+        Raises:
+            ValueError: as :meth:`CachedCausalLM.logits_batch`.
+        """
+        calls = [(s, list(ids) + list(d), len(d) + 1) for s, ids, d, _ in items]
+        logits = self.lm.logits_batch(calls)
+        return [logits_to_probs(lg, p) for lg, (_, _, _, p) in zip(logits, items)]
+
     def release(self, seq_id: int) -> None:
         """Free the KV cache of ``seq_id``."""
         self.lm.release(seq_id)

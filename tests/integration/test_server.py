@@ -136,7 +136,7 @@ def test_internal_step_model_validates_direct_calls(server):
     """spec_step is reachable on the same ports: its models check k, token ids and sampling parameters too."""
     import numpy as np
 
-    def step(k=4, ids=(1, 2, 3), temperature=0.0):
+    def step(k=4, ids=(1, 2, 3), temperature=0.0, release=False):
         values = {"sequence_id": ("UINT64", np.array([1], np.uint64)), "token_ids": ("INT64", np.array(ids, np.int64)),
                   "num_draft_tokens": ("INT32", np.array([k], np.int32)),
                   "speculative_method": ("BYTES", np.array([b"draft"], object)),
@@ -144,9 +144,10 @@ def test_internal_step_model_validates_direct_calls(server):
                   "top_k": ("INT32", np.array([0], np.int32)), "top_p": ("FP32", np.array([1.0], np.float32)),
                   "random_seed": ("INT64", np.array([0], np.int64)), "seeded": ("BOOL", np.array([True])),
                   "step": ("INT64", np.array([0], np.int64)),
-                  "release": ("BOOL", np.array([False])), "acceptance_method": ("BYTES", np.array([b""], object))}
+                  "release": ("BOOL", np.array([release])), "acceptance_method": ("BYTES", np.array([b""], object))}
         inputs = []
         for name, (dt, arr) in values.items():
+            arr = arr[None]  # batch dimension: one sequence per request
             t = grpcclient.InferInput(name, list(arr.shape), dt)
             t.set_data_from_numpy(arr)
             inputs.append(t)
@@ -158,6 +159,7 @@ def test_internal_step_model_validates_direct_calls(server):
                           ({"temperature": -1.0}, "temperature")):
         with pytest.raises(InferenceServerException, match=field):
             step(**kwargs)
+    step(release=True)  # a direct caller frees its sequence's caches (other tests check that every cache is empty)
 
 
 def test_cancelled_stream_leaves_server_serving(server):

@@ -237,6 +237,12 @@ def test_eight_concurrent_streams_equal_their_solo_runs(server):
         results[i] = run(i)
         spans[i] = (t0, time.monotonic())
 
+    def executions(model):
+        samples = scrape(server.metrics_url, prefix="nv_inference_")
+        return (value(samples, "nv_inference_count", model=model, version="1"),
+                value(samples, "nv_inference_exec_count", model=model, version="1"))
+
+    before = {m: executions(m) for m in ("target_model", "draft_model")}
     threads = [threading.Thread(target=concurrent, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
@@ -246,6 +252,11 @@ def test_eight_concurrent_streams_equal_their_solo_runs(server):
     for i, (s, c) in enumerate(zip(solo, results)):
         assert c.output_ids == s.output_ids and c.text == s.text, CONCURRENT[i]
     assert max(a for a, _ in spans) < min(b for _, b in spans)  # all 8 were in flight at once
+    # Triton's dynamic batcher gave the target several sequences' steps per execute (one forward pass)
+    (c0, e0), (c1, e1) = before["target_model"], executions("target_model")
+    assert e1 - e0 < 0.75 * (c1 - c0), (c1 - c0, e1 - e0)
+    (c0, e0), (c1, e1) = before["draft_model"], executions("draft_model")
+    assert e1 - e0 < c1 - c0
     # unseeded sampled requests draw independent randomness
     a, b = (stream_generate(server.grpc_url, prompts[0], 24, temperature=1.0, speculative_method="none")
             for _ in range(2))

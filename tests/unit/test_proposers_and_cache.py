@@ -1,5 +1,6 @@
 """n-gram proposer, the per-sequence KV cache (reuse, rollback, LRU), the scorer and the draft LM, on a tiny model."""
 
+import pytest
 import torch
 
 from spec_decode.kv_cache import CachedCausalLM
@@ -46,6 +47,35 @@ def test_cached_logits_equal_uncached_across_rollback(tiny_lm):
     assert lm.cached_ids(1) == alt
     # Asking again for the last position of the cached tokens recomputes just that token.
     torch.testing.assert_close(lm.logits(1, alt, 1), _full_logits(tiny_lm, alt)[-1:], atol=1e-5, rtol=1e-4)
+
+
+def test_batched_logits_equal_each_sequence_alone(tiny_lm):
+    """logits_batch over sequences with different cached lengths, new-token counts and rollbacks = full forwards."""
+    import random
+
+    rng = random.Random(0)
+    lm = CachedCausalLM(tiny_lm, max_sequences=8, max_batched_new_tokens=6)
+    batched = []
+    forward_batch = lm._forward_batch
+    lm._forward_batch = lambda batch: batched.append(len(batch)) or forward_batch(batch)
+    seqs = {s: [rng.randrange(97) for _ in range(rng.randint(1, 12))] for s in range(5)}
+    for rnd in range(6):
+        calls = []
+        for s, ids in seqs.items():
+            if rnd and len(ids) > 1 and rng.random() < 0.3:  # roll back some sequences (rejected drafts)
+                del ids[len(ids) - rng.randint(1, min(3, len(ids) - 1)) :]
+            ids += [rng.randrange(97) for _ in range(rng.randint(1, 5))]
+            calls.append((s, list(ids), rng.randint(1, min(len(ids), 5))))
+        if rnd == 3:
+            calls.append((9, [rng.randrange(97) for _ in range(20)], 2))  # a long prefill runs alone
+        for (s, ids, n), got in zip(calls, lm.logits_batch(calls)):
+            torch.testing.assert_close(got, _full_logits(tiny_lm, ids)[-n:], atol=1e-5, rtol=1e-4)
+            assert lm.cached_ids(s) == ids
+    assert len(batched) >= 5 and min(batched) >= 2  # rounds after the prefills ran as one batched forward
+    with pytest.raises(ValueError, match="once per batch"):
+        lm.logits_batch([(1, [1, 2], 1), (1, [1, 2], 1)])
+    with pytest.raises(ValueError, match="token ids"):
+        lm.logits_batch([(1, [1, 2], 1), (2, [1, 500], 1)])
 
 
 def test_cache_is_lru_bounded_and_released(tiny_lm):

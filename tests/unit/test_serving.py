@@ -248,3 +248,44 @@ def test_seeded_sampling_skips_the_global_suffix_tree():
 class _Tok:
     def decode(self, ids, **kw):
         return "".join(chr(ord("a") + t % 26) for t in ids)
+
+
+def test_target_and_draft_backends_batch_requests_and_isolate_errors(tiny_lm, tmp_path):
+    """run_batch (what execute() gets from Triton's dynamic batcher): one forward for several sequences, results equal
+    to running each alone, a bad request fails alone, a release is answered in the same batch."""
+    from spec_decode.serving.step_models import DraftBackend, TargetBackend
+
+    tiny_lm.save_pretrained(tmp_path / "tiny")
+    params = {"model_path": str(tmp_path / "tiny"), "device": "cpu", "dtype": "float32"}
+
+    def req(seq, ids, drafts=(), **kw):
+        base = {"sequence_id": np.array([seq], np.uint64), "token_ids": np.array(ids, np.int64),
+                "draft_token_ids": np.array(drafts, np.int64), "temperature": np.array([0.0], np.float32),
+                "top_k": np.array([0], np.int32), "top_p": np.array([1.0], np.float32), "release": np.array([False])}
+        base.update({k: np.array([v]) for k, v in kw.items()})
+        return base
+
+    alone = TargetBackend(params)
+    expected = [alone.run(req(1, [5, 6, 7], [8, 9]))["target_probs"], alone.run(req(2, [1, 2], [3]))["target_probs"]]
+    batched = TargetBackend(params)
+    calls = []
+    score_batch = batched.scorer.score_batch
+    batched.scorer.score_batch = lambda items: calls.append(len(items)) or score_batch(items)
+    out = batched.run_batch([req(1, [5, 6, 7], [8, 9]), req(2, [1, 2], [3]), req(3, [1, 500]), req(4, [1], release=True)])
+    assert calls == [2]
+    for got, want in zip(out[:2], expected):
+        torch.testing.assert_close(got["target_probs"], want, atol=1e-5, rtol=1e-4)
+    assert isinstance(out[2], ValueError) and "token ids" in str(out[2])
+    assert out[3]["target_probs"].shape == (0, 0)
+
+    draft = DraftBackend({"draft_model_path": str(tmp_path / "tiny"), "device": "cpu", "dtype": "float32"})
+    step = {"num_draft_tokens": np.array([3], np.int32), "speculative_method": np.array([b"draft"], object),
+            "random_seed": np.array([0], np.int64), "step": np.array([0], np.int64)}
+    out = draft.run_batch([{**req(1, [5, 6, 7]), **step}, {**req(2, [1, 2]), **step},
+                           {**req(5, [1, 2]), **step, "num_draft_tokens": np.array([99], np.int32)}])
+    for o, ids in zip(out[:2], ([5, 6, 7], [1, 2])):
+        with torch.inference_mode():
+            full = tiny_lm.generate(torch.tensor([ids]), max_new_tokens=3, do_sample=False, eos_token_id=None,
+                                    pad_token_id=0)[0, len(ids):].tolist()
+        assert o["draft_token_ids"].tolist() == full and o["draft_probs"].shape == (3, 97)
+    assert isinstance(out[2], ValueError) and "num_draft_tokens" in str(out[2])

@@ -42,19 +42,20 @@ class TritonStep:
 
     def _request(self, inp: StepInputs, release: bool):
         pb, p = self.pb, inp.params
+        one = lambda value, dtype: np.array([[value]], dtype)  # noqa: E731 - batch dimension 1, one element
         tensors = [
-            pb.Tensor("sequence_id", np.array([inp.seq_id], np.uint64)),
-            pb.Tensor("token_ids", np.asarray(inp.token_ids, np.int64)),
-            pb.Tensor("num_draft_tokens", np.array([inp.num_draft_tokens], np.int32)),
-            pb.Tensor("speculative_method", np.array([inp.method.encode()], np.object_)),
-            pb.Tensor("temperature", np.array([p.temperature], np.float32)),
-            pb.Tensor("top_k", np.array([p.top_k], np.int32)),
-            pb.Tensor("top_p", np.array([p.top_p], np.float32)),
-            pb.Tensor("random_seed", np.array([p.seed], np.int64)),
-            pb.Tensor("seeded", np.array([p.seeded], np.bool_)),
-            pb.Tensor("step", np.array([inp.step], np.int64)),
-            pb.Tensor("release", np.array([release], np.bool_)),
-            pb.Tensor("acceptance_method", np.array([inp.acceptance_method.encode()], np.object_)),
+            pb.Tensor("sequence_id", one(inp.seq_id, np.uint64)),
+            pb.Tensor("token_ids", np.asarray(inp.token_ids, np.int64)[None]),
+            pb.Tensor("num_draft_tokens", one(inp.num_draft_tokens, np.int32)),
+            pb.Tensor("speculative_method", one(inp.method.encode(), np.object_)),
+            pb.Tensor("temperature", one(p.temperature, np.float32)),
+            pb.Tensor("top_k", one(p.top_k, np.int32)),
+            pb.Tensor("top_p", one(p.top_p, np.float32)),
+            pb.Tensor("random_seed", one(p.seed, np.int64)),
+            pb.Tensor("seeded", one(p.seeded, np.bool_)),
+            pb.Tensor("step", one(inp.step, np.int64)),
+            pb.Tensor("release", one(release, np.bool_)),
+            pb.Tensor("acceptance_method", one(inp.acceptance_method.encode(), np.object_)),
         ]
         return pb.InferenceRequest(
             model_name=self.model_name,

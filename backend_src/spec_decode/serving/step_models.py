@@ -81,6 +81,52 @@ def _load_lm(path, params: dict) -> CachedCausalLM | None:
     return CachedCausalLM(load_causal_lm(path, device, dtype), config_param(params, "max_sequences", 64))
 
 
+class _Work:
+    """A request's share of a batched forward: ``seq_id`` and the arguments of the batch function."""
+
+    def __init__(self, seq_id: int, args: tuple, finish):
+        self.seq_id, self.args, self.finish = seq_id, args, finish  # finish(result of the batch fn) -> outputs
+
+
+def run_batched(inputs_list: list[dict], plan, run_group) -> list:
+    """Run several requests, sharing forward passes where they can (Triton dynamic batching).
+
+    Args:
+        inputs_list: the requests' inputs.
+        plan: inputs -> outputs dict (answered alone, e.g. a release) or a :class:`_Work` (joins the batch); may raise.
+        run_group: list of _Work args (distinct seq_ids) -> list of results, in order; may raise.
+
+    Returns:
+        per request, its outputs dict or the exception that fails it (one request's error never fails another's; a
+        failing batched forward fails the requests in that forward).
+    """
+    results: list = [None] * len(inputs_list)
+    work: list[tuple[int, _Work]] = []
+    for i, inputs in enumerate(inputs_list):
+        try:
+            r = plan(inputs)
+        except Exception as exc:  # noqa: BLE001 - this request's error response
+            r = exc
+        if isinstance(r, _Work):
+            work.append((i, r))
+        else:
+            results[i] = r
+    while work:  # a sequence appears at most once per forward (only direct callers can send one twice)
+        group, rest, seen = [], [], set()
+        for i, w in work:
+            (rest if w.seq_id in seen else group).append((i, w))
+            seen.add(w.seq_id)
+        work = rest
+        try:
+            outs = run_group([w.args for _, w in group])
+            for (i, w), out in zip(group, outs):
+                results[i] = w.finish(out)
+        except Exception as exc:  # noqa: BLE001
+            for i, _ in group:
+                results[i] = exc
+    return results
+
+
 def _no_drafts() -> dict:
     """draft_model outputs for "nothing proposed" (also what a release returns)."""
     return {"draft_token_ids": np.zeros(0, np.int64), "draft_probs": np.zeros((0, 0), np.float32)}
@@ -146,13 +192,41 @@ class DraftBackend:
             m.set("spec_decode_draft_kv_cache_tokens", self._draft_lm.cached_tokens())
 
     def run(self, inputs: dict) -> dict:
-        """Propose drafts for one sequence, or free its caches when ``release`` is set."""
+        """Propose drafts for one sequence, or free its caches when ``release`` is set.
+
+        Raises:
+            ValueError: an invalid input (named).
+        """
+        (result,) = self.run_batch([inputs])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def run_batch(self, inputs_list: list[dict]) -> list:
+        """:meth:`run` for several requests: draft-LM proposals of different sequences share each forward pass.
+
+        Returns:
+            per request, its outputs or the exception that fails it (see :func:`run_batched`).
+        """
         try:
-            return self._run(inputs)
+            return run_batched(inputs_list, self._plan, self._propose_group)
         finally:
             self._cache_gauges()
 
-    def _run(self, inputs: dict) -> dict:
+    def _propose_group(self, items: list[tuple]) -> list:
+        start = time.perf_counter()
+        out = self.proposers["draft"].propose_batch(items)
+        self.metrics.add("spec_decode_propose_seconds_total", time.perf_counter() - start, method="draft")
+        return out
+
+    @staticmethod
+    def _outputs(proposal) -> dict:
+        probs = proposal.draft_probs
+        if probs is None:
+            probs = torch.zeros((0, 0), dtype=torch.float32)
+        return {"draft_token_ids": proposal.draft_token_ids.to(torch.int64).numpy(), "draft_probs": probs}
+
+    def _plan(self, inputs: dict):
         seq_id = int(_one(inputs, "sequence_id"))
         if _is_release(inputs):
             if "token_ids" in inputs:  # the final ids: the whole response joins the suffix cache
@@ -173,13 +247,14 @@ class DraftBackend:
             )
         step = int(_one(inputs, "step", 0))
         ids, params = _token_ids(inputs), _params(inputs)
+        if method == "draft":  # the draft LM: batched with the other sequences' draft steps
+            vocab = self.proposers["draft"].vocab
+            self._draft_lm.check(vocab.map_ids(ids) if vocab is not None else ids, 1)
+            return _Work(seq_id, (seq_id, ids, k, params, step), self._outputs)
         start = time.perf_counter()
         proposal = self.proposers[method].propose(seq_id, ids, k, params, step)
         self.metrics.add("spec_decode_propose_seconds_total", time.perf_counter() - start, method=method)
-        probs = proposal.draft_probs
-        if probs is None:
-            probs = torch.zeros((0, 0), dtype=torch.float32)
-        return {"draft_token_ids": proposal.draft_token_ids.to(torch.int64).numpy(), "draft_probs": probs}
+        return self._outputs(proposal)
 
 
 class TargetBackend:
@@ -203,23 +278,42 @@ class TargetBackend:
         self.metrics.set("spec_decode_target_kv_cache_tokens", self.lm.cached_tokens())
 
     def run(self, inputs: dict) -> dict:
-        """Score drafts for one sequence, or free its KV cache when ``release`` is set."""
+        """Score drafts for one sequence, or free its KV cache when ``release`` is set.
+
+        Raises:
+            ValueError: an invalid input (named).
+        """
+        (result,) = self.run_batch([inputs])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def run_batch(self, inputs_list: list[dict]) -> list:
+        """:meth:`run` for several requests: the sequences' k+1 positions are scored in one forward pass.
+
+        Returns:
+            per request, its outputs or the exception that fails it (see :func:`run_batched`).
+        """
         try:
-            return self._run(inputs)
+            return run_batched(inputs_list, self._plan, self._score_group)
         finally:
             self._cache_gauges()
 
-    def _run(self, inputs: dict) -> dict:
+    def _score_group(self, items: list[tuple]) -> list:
+        start = time.perf_counter()
+        out = self.scorer.score_batch(items)
+        self.metrics.add("spec_decode_score_seconds_total", time.perf_counter() - start)
+        return out
+
+    def _plan(self, inputs: dict):
         seq_id = int(_one(inputs, "sequence_id"))
         if _is_release(inputs):
             self.scorer.release(seq_id)
             return {"target_probs": torch.zeros((0, 0), dtype=torch.float32)}
         drafts = np.asarray(inputs.get("draft_token_ids", np.zeros(0, np.int64))).reshape(-1).tolist()
         ids, params = _token_ids(inputs), _params(inputs)
-        start = time.perf_counter()
-        probs = self.scorer.score(seq_id, ids, drafts, params).float()
-        self.metrics.add("spec_decode_score_seconds_total", time.perf_counter() - start)
-        return {"target_probs": probs}
+        self.lm.check(ids + drafts, len(drafts) + 1)
+        return _Work(seq_id, (seq_id, ids, drafts, params), lambda probs: {"target_probs": probs.float()})
 
 
 class VerifierBackend:
