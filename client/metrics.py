@@ -37,8 +37,13 @@ def scrape(url: str, prefix: str = "spec_decode_", timeout_s: float = 10.0) -> d
 
 
 def value(samples: dict[tuple, float], name: str, **labels: str) -> float:
-    """The sample ``name`` with exactly these labels (0.0 when absent, as a counter that never moved)."""
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+    """The sample ``name`` with exactly these labels (0.0 when absent, as a counter that never moved).
+
+    A counter named without ``_total`` (Triton's ``nv_inference_count``) is found too: the parser names its sample
+    ``<name>_total``.
+    """
+    key = tuple(sorted(labels.items()))
+    return samples.get((name, key), samples.get((name + "_total", key), 0.0))
 
 
 def wait_for(url: str, predicate, timeout_s: float = 30.0, interval_s: float = 0.1) -> dict[tuple, float]:

@@ -109,6 +109,7 @@ class CachedCausalLM:
             e, keep = self._prepare(seq_id, token_ids, n_logits)
             return self._forward_one(seq_id, e, token_ids, keep, n_logits)
 
+    @torch.inference_mode()
     def logits_batch(self, calls: list[tuple[int, list[int], int]]) -> list[torch.Tensor]:
         """:meth:`logits` for several sequences in one forward pass (continuous batching of decode steps).
 

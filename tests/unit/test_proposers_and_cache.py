@@ -71,6 +71,7 @@ def test_batched_logits_equal_each_sequence_alone(tiny_lm):
         for (s, ids, n), got in zip(calls, lm.logits_batch(calls)):
             torch.testing.assert_close(got, _full_logits(tiny_lm, ids)[-n:], atol=1e-5, rtol=1e-4)
             assert lm.cached_ids(s) == ids
+            assert not got.requires_grad  # no autograd graph kept alive by the caches (it grew without bound)
     assert len(batched) >= 5 and min(batched) >= 2  # rounds after the prefills ran as one batched forward
     with pytest.raises(ValueError, match="once per batch"):
         lm.logits_batch([(1, [1, 2], 1), (1, [1, 2], 1)])
