@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(PY) bench/draft_cost.py --output results/draft_cost.json
 	$(PY) bench/suffix_cache.py --output results/suffix_cache.json
 	$(PY) bench/verifier.py --output results/verifier.json
+	$(PY) bench/concurrency.py --methods none,suffix --concurrency 1,2,4,8 --output results/concurrency.json
 
 bench-verifier: $(STAMP)
 	$(PY) bench/verifier.py --output results/verifier.json
