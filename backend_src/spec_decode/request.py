@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 METHODS = ("none", "draft", "ngram", "suffix", "hybrid")
+MAX_STOP_WORDS = 64  # stop words are checked after every token: bounded so one request cannot slow every stream
+MAX_STOP_WORD_CHARS = 1024
+CHARS_PER_TOKEN_LIMIT = 32  # text_input longer than max_model_len * this is refused before tokenisation
 ACCEPTANCE_METHODS = ("rejection", "typical")
 
 
@@ -105,6 +108,9 @@ def parse_request(inputs: dict[str, np.ndarray], limits: ServerLimits) -> Genera
     text = _text(raw, "text_input")
     if not text:
         raise InvalidInputError("text_input", "must be a non-empty string")
+    if len(text) > limits.max_model_len * CHARS_PER_TOKEN_LIMIT:  # cannot fit: refuse before tokenising it
+        raise InvalidInputError("text_input", f"{len(text)} characters; at most {limits.max_model_len * CHARS_PER_TOKEN_LIMIT} "
+                                f"(the prompt must fit in max_model_len={limits.max_model_len} tokens)")
 
     max_tokens = _scalar(inputs, "max_tokens", "iu", "integer")
     if max_tokens is None:
@@ -140,13 +146,17 @@ def parse_request(inputs: dict[str, np.ndarray], limits: ServerLimits) -> Genera
     sw = inputs.get("stop_words")
     if sw is not None:
         words = []
-        for i, w in enumerate(np.asarray(sw, dtype=object).reshape(-1)):
+        sw = np.asarray(sw, dtype=object).reshape(-1)
+        if sw.size > MAX_STOP_WORDS:
+            raise InvalidInputError("stop_words", f"at most {MAX_STOP_WORDS} stop words, got {sw.size}")
+        for i, w in enumerate(sw):
             try:
                 words.append(_text(w, "stop_words"))
             except InvalidInputError as e:
                 raise InvalidInputError("stop_words", f"element {i}: {str(e).split(': ', 1)[1]}") from None
-            if not words[-1]:
-                raise InvalidInputError("stop_words", f"element {i}: stop words must be non-empty strings")
+            if not words[-1] or len(words[-1]) > MAX_STOP_WORD_CHARS:
+                raise InvalidInputError("stop_words", f"element {i}: stop words must be non-empty strings of at most "
+                                        f"{MAX_STOP_WORD_CHARS} characters, got {len(words[-1])}")
         req.stop_words = words
     end_id = _scalar(inputs, "end_id", "iu", "integer")
     if end_id is not None:

@@ -73,7 +73,9 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     logits = logits.float()
     if params.is_greedy:
         return torch.softmax(logits, dim=-1)
-    logits = logits / params.temperature
+    # Shift by the row maximum before dividing (softmax is shift-invariant): a tiny temperature then sends the other
+    # logits to -inf instead of overflowing to inf - inf = NaN; the limit is the argmax, as it should be.
+    logits = (logits - logits.max(dim=-1, keepdim=True).values) / params.temperature
     vocab = logits.shape[-1]
     if 0 < params.top_k < vocab:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]

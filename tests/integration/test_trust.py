@@ -179,6 +179,8 @@ def test_wrong_dtype_shape_or_name_is_an_error_naming_the_field(server, tensors,
 
 @pytest.mark.parametrize("prompt, params, field, allowed", [
     ("word " * 2100, {}, "text_input", "max_model_len=2048"),
+    ("word " * 2_000_000, {}, "text_input", "at most 65536"),  # refused before tokenisation
+    ("hi", {"stop_words": [f"w{i}" for i in range(65)]}, "stop_words", "at most 64"),
     ("hi", {"max_tokens": 2**31 - 1}, "max_tokens", "[1, 2048]"),
     ("hi", {"num_draft_tokens": 9}, "num_draft_tokens", "[0, 8]"),
     ("hi", {"num_draft_tokens": -1}, "num_draft_tokens", "[0, 8]"),
@@ -198,6 +200,12 @@ def test_out_of_range_values_are_errors_naming_field_and_allowed_values(server, 
     with pytest.raises(InferenceServerException) as e:
         stream_generate(server.grpc_url, prompt, max_tokens, **params)
     assert field in str(e.value) and allowed in str(e.value), str(e.value)
+
+
+def test_tiny_temperature_samples_the_argmax(server, greedy_references):
+    prompt, ref = greedy_references[1]
+    r = stream_generate(server.grpc_url, prompt, 12, temperature=1e-40, speculative_method="ngram")
+    assert r.output_ids == ref[:12]
 
 
 def test_bad_requests_do_not_disturb_a_stream_in_flight(server, greedy_references):

@@ -52,3 +52,15 @@ def test_stop_word_error_names_the_element():
 def test_missing_required():
     with pytest.raises(InvalidInputError, match="'max_tokens'"):
         parse_request({"text_input": np.array([b"x"], object)}, LIMITS)
+
+
+def test_sizes_that_would_stall_the_event_loop_are_refused():
+    """A prompt that cannot fit in max_model_len tokens is refused before tokenisation; stop words are bounded."""
+    with pytest.raises(InvalidInputError, match="text_input.*at most") as e:
+        parse_request(_req(text_input=np.array([b"w " * (LIMITS.max_model_len * 17)], object)), LIMITS)
+    assert e.value.field == "text_input"
+    with pytest.raises(InvalidInputError, match="at most 64 stop words"):
+        parse_request(_req(stop_words=np.array([b"x%d" % i for i in range(65)], object)), LIMITS)
+    with pytest.raises(InvalidInputError, match="at most 1024 characters"):
+        parse_request(_req(stop_words=np.array([b"y" * 1025], object)), LIMITS)
+    assert len(parse_request(_req(stop_words=np.array([b"z%d" % i for i in range(64)], object)), LIMITS).stop_words) == 64

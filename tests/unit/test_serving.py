@@ -289,3 +289,15 @@ def test_target_and_draft_backends_batch_requests_and_isolate_errors(tiny_lm, tm
                                     pad_token_id=0)[0, len(ids):].tolist()
         assert o["draft_token_ids"].tolist() == full and o["draft_probs"].shape == (3, 97)
     assert isinstance(out[2], ValueError) and "num_draft_tokens" in str(out[2])
+
+
+def test_tiny_temperature_is_the_argmax_limit_not_nan():
+    from spec_decode.sampling import logits_to_probs
+
+    logits = torch.tensor([[1.0, 3.0, 2.5, -1e4], [0.0, 0.0, -5.0, 7.0]])
+    for t in (1e-37, 1e-45, 1e-3):
+        probs = logits_to_probs(logits, SamplingParams(temperature=t, top_k=3))
+        assert torch.isfinite(probs).all()
+        torch.testing.assert_close(probs, torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]]))
+    torch.testing.assert_close(logits_to_probs(logits, SamplingParams(temperature=0.7)),
+                               torch.softmax(logits / 0.7, -1))
