@@ -127,12 +127,42 @@ def run_batched(inputs_list: list[dict], plan, run_group) -> list:
     return results
 
 
+class _BatchedBackend:
+    """``run``/``run_batch`` of a model whose requests can share forward passes (draft_model, target_model).
+
+    Subclasses define ``_plan(inputs)`` (outputs, or a :class:`_Work` for the batch), ``_run_group(args list)`` (one
+    batched call) and ``_cache_gauges()`` (refreshed after every execute).
+    """
+
+    def run(self, inputs: dict) -> dict:
+        """Serve one request alone.
+
+        Raises:
+            ValueError: an invalid input (named).
+        """
+        (result,) = self.run_batch([inputs])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def run_batch(self, inputs_list: list[dict]) -> list:
+        """Serve the requests of one ``execute()`` (Triton's dynamic batcher), sharing forward passes.
+
+        Returns:
+            per request, its outputs or the exception that fails it (see :func:`run_batched`).
+        """
+        try:
+            return run_batched(inputs_list, self._plan, self._run_group)
+        finally:
+            self._cache_gauges()
+
+
 def _no_drafts() -> dict:
     """draft_model outputs for "nothing proposed" (also what a release returns)."""
     return {"draft_token_ids": np.zeros(0, np.int64), "draft_probs": np.zeros((0, 0), np.float32)}
 
 
-class DraftBackend:
+class DraftBackend(_BatchedBackend):
     """draft_model: the proposers (draft LM when ``draft_model_path`` is set, n-gram prompt lookup).
 
     Config parameters: draft_model_path ("auto" = the distilled default draft when ``make draft`` has built it, else
@@ -143,7 +173,8 @@ class DraftBackend:
     draft, or auto = the draft LM when there is one), draft.
     Outputs: draft_token_ids INT64 [k'], draft_probs FP32 [k', V] ([0, 0] for drafts without probabilities).
     Metrics (``metrics``, see :mod:`~spec_decode.serving.metrics`): time proposing per method, the draft LM's KV
-    caches, the suffix cache.
+    caches, the suffix cache. ``run`` proposes for one sequence (or frees its caches when ``release`` is set);
+    ``run_batch`` lets draft-LM proposals of different sequences share each forward pass.
     """
 
     INPUTS = STEP_INPUTS
@@ -191,29 +222,7 @@ class DraftBackend:
             m.set("spec_decode_draft_kv_cache_sequences", len(self._draft_lm))
             m.set("spec_decode_draft_kv_cache_tokens", self._draft_lm.cached_tokens())
 
-    def run(self, inputs: dict) -> dict:
-        """Propose drafts for one sequence, or free its caches when ``release`` is set.
-
-        Raises:
-            ValueError: an invalid input (named).
-        """
-        (result,) = self.run_batch([inputs])
-        if isinstance(result, Exception):
-            raise result
-        return result
-
-    def run_batch(self, inputs_list: list[dict]) -> list:
-        """:meth:`run` for several requests: draft-LM proposals of different sequences share each forward pass.
-
-        Returns:
-            per request, its outputs or the exception that fails it (see :func:`run_batched`).
-        """
-        try:
-            return run_batched(inputs_list, self._plan, self._propose_group)
-        finally:
-            self._cache_gauges()
-
-    def _propose_group(self, items: list[tuple]) -> list:
+    def _run_group(self, items: list[tuple]) -> list:  # draft-LM proposals of several sequences
         start = time.perf_counter()
         out = self.proposers["draft"].propose_batch(items)
         self.metrics.add("spec_decode_propose_seconds_total", time.perf_counter() - start, method="draft")
@@ -257,12 +266,13 @@ class DraftBackend:
         return self._outputs(proposal)
 
 
-class TargetBackend:
+class TargetBackend(_BatchedBackend):
     """target_model: the scorer over k+1 positions with the per-sequence KV cache.
 
     Config parameters: model_path ("default" = the embedded SmolLM2-135M-Instruct), device, dtype, max_sequences.
     Output: target_probs FP32 [k+1, V] (on the model's device; [0, 0] for a release).
-    Metrics: time scoring, the target's KV caches.
+    Metrics: time scoring, the target's KV caches. ``run`` scores one sequence (or frees its KV cache when ``release`` is
+    set); ``run_batch`` scores several sequences' k+1 positions in one forward pass.
     """
 
     INPUTS = ("sequence_id", "token_ids", "draft_token_ids", "temperature", "top_k", "top_p", "release")
@@ -277,29 +287,7 @@ class TargetBackend:
         self.metrics.set("spec_decode_target_kv_cache_sequences", len(self.lm))
         self.metrics.set("spec_decode_target_kv_cache_tokens", self.lm.cached_tokens())
 
-    def run(self, inputs: dict) -> dict:
-        """Score drafts for one sequence, or free its KV cache when ``release`` is set.
-
-        Raises:
-            ValueError: an invalid input (named).
-        """
-        (result,) = self.run_batch([inputs])
-        if isinstance(result, Exception):
-            raise result
-        return result
-
-    def run_batch(self, inputs_list: list[dict]) -> list:
-        """:meth:`run` for several requests: the sequences' k+1 positions are scored in one forward pass.
-
-        Returns:
-            per request, its outputs or the exception that fails it (see :func:`run_batched`).
-        """
-        try:
-            return run_batched(inputs_list, self._plan, self._score_group)
-        finally:
-            self._cache_gauges()
-
-    def _score_group(self, items: list[tuple]) -> list:
+    def _run_group(self, items: list[tuple]) -> list:  # the k+1 positions of several sequences in one forward
         start = time.perf_counter()
         out = self.scorer.score_batch(items)
         self.metrics.add("spec_decode_score_seconds_total", time.perf_counter() - start)
