@@ -1,9 +1,10 @@
 # make serve  - set everything up (first time) and serve the model repository on the embedded default model
 # make draft  - distil the default draft model from the target (~13 min on 2 cores; cached under ~/.cache/spec_decode)
 # make test   - set everything up (first time) and run the test suite (unit + integration against a real tritonserver)
-# make bench  - a repeated HumanEval workload (two passes) through a fresh server per method (none, ngram, suffix,
-#               draft, hybrid) beside in-process transformers (JSON + PNG), suffix decoding's cache at 10,000 cached
-#               responses, then the verifier (torch path here; Triton kernels too where CUDA is available)
+# make bench  - the serving suite (perf_analyzer and genai-perf at concurrency 1-8 per method, disable_by_batch_size,
+#               in-process transformers generate / prompt lookup / assisted generation; JSON + PNG + goals), a repeated
+#               HumanEval workload (two passes) through a fresh server per method, the draft's cost, suffix decoding's
+#               cache at 10,000 cached responses, then the verifier (torch here; Triton kernels where CUDA is available)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
@@ -12,7 +13,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 export HTTP_PORT GRPC_PORT METRICS_PORT
 
-.PHONY: setup serve draft test bench bench-verifier client clean
+.PHONY: setup serve draft test bench bench-serving bench-verifier client clean
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml scripts/setup.sh scripts/build_suffix_tree.sh
 	bash scripts/setup.sh
@@ -33,11 +34,16 @@ test: $(STAMP)
 	$(PY) -m pytest tests -v --timeout=900
 
 bench: $(STAMP)
+	bash scripts/setup_bench.sh
+	$(PY) bench/serving.py --output results/serving.json
 	$(PY) -m client.bench --output results/bench.json
 	$(PY) bench/draft_cost.py --output results/draft_cost.json
 	$(PY) bench/suffix_cache.py --output results/suffix_cache.json
 	$(PY) bench/verifier.py --output results/verifier.json
-	$(PY) bench/concurrency.py --methods none,suffix --concurrency 1,2,4,8 --output results/concurrency.json
+
+bench-serving: $(STAMP)
+	bash scripts/setup_bench.sh
+	$(PY) bench/serving.py --output results/serving.json
 
 bench-verifier: $(STAMP)
 	$(PY) bench/verifier.py --output results/verifier.json
@@ -46,4 +52,4 @@ client: $(STAMP)
 	$(PY) -m client.generate --url 127.0.0.1:$(GRPC_PORT) --humaneval 1 --max-tokens 128
 
 clean:
-	rm -rf $(VENV) results
+	rm -rf $(VENV) .venv-genai-perf results

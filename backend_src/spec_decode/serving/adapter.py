@@ -41,41 +41,83 @@ def config_param(params: dict[str, str], name: str, default):
         raise ValueError(f"config parameter {name!r}: expected {type(default).__name__}, got {value!r}") from None
 
 
-def read_inputs(request, names, pb_utils, batched: bool = False) -> dict:
-    """Input tensors of a request by name: numpy arrays for CPU tensors, torch tensors for GPU ones; absent -> missing.
+PAD_ID = -1  # pads rows of token-id tensors (never a token id)
 
-    Args:
-        batched: the model has max_batch_size > 0 and a request carries one sequence: the leading batch dimension
-            (of size 1) is removed.
 
-    Raises:
-        ValueError: (batched) a tensor whose batch dimension is not 1.
-    """
+def read_inputs(request, names, pb_utils) -> dict:
+    """Input tensors of a request by name (models without a batch dimension): numpy arrays for CPU tensors, torch
+    tensors for GPU ones; absent -> missing."""
     out = {}
     for name in names:
         t = pb_utils.get_input_tensor_by_name(request, name)
         if t is None:
             continue
         if t.is_cpu():
-            value = t.as_numpy()
+            out[name] = t.as_numpy()
         else:
             import torch
 
-            value = torch.from_dlpack(t.to_dlpack())
-        if batched:
-            if value.shape[0] != 1:
-                raise ValueError(f"input '{name}': one sequence per request (batch dimension 1), got shape "
-                                 f"{list(value.shape)}")
-            value = value[0]
-        out[name] = value
+            out[name] = torch.from_dlpack(t.to_dlpack())
     return out
 
 
-def to_pb_tensor(name: str, value, pb_utils, batched: bool = False):
-    """numpy array or torch tensor -> ``pb_utils.Tensor`` (DLPack for CUDA tensors); ``batched`` adds the leading
-    batch dimension of 1 (models with max_batch_size > 0)."""
-    if batched:
-        value = value[None]
+def read_rows(request, names, pb_utils) -> list[dict]:
+    """The sequences of a batched request (max_batch_size > 0): one inputs dict per row of the batch dimension.
+
+    Rows of variable-length tensors are padded to a common length (token ids with ``PAD_ID`` at the end); the
+    backends strip the padding (:func:`strip_padding`).
+
+    Raises:
+        ValueError: tensors whose batch dimensions differ.
+    """
+    whole = read_inputs(request, names, pb_utils)
+    sizes = {name: int(v.shape[0]) for name, v in whole.items()}
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"every input needs the same batch dimension, got {sizes}")
+    b = next(iter(sizes.values()), 1)
+    return [{name: v[row] for name, v in whole.items()} for row in range(b)]
+
+
+def strip_padding(ids) -> list[int]:
+    """A row of token ids without its trailing ``PAD_ID`` padding, as a list of ints."""
+    ids = np.asarray(ids.cpu() if hasattr(ids, "cpu") else ids).reshape(-1).astype(np.int64).tolist()
+    while ids and ids[-1] == PAD_ID:
+        ids.pop()
+    return ids
+
+
+def stack_rows(values: list):
+    """Stack per-sequence outputs into one batched tensor, padding every dimension to the largest row.
+
+    Integer tensors are padded with ``PAD_ID``, floating ones with 0. numpy rows give a numpy array; if any row is a
+    torch tensor the result is torch, on that tensor's device.
+
+    Args:
+        values: one array or tensor per row, all of the same rank and dtype.
+
+    Returns:
+        [len(values), *max shape] array or tensor.
+    """
+    shape = tuple(max(int(v.shape[d]) for v in values) for d in range(values[0].ndim))
+    if all(isinstance(v, np.ndarray) for v in values):
+        pad = PAD_ID if np.issubdtype(values[0].dtype, np.integer) else 0
+        out = np.full((len(values),) + shape, pad, dtype=values[0].dtype)
+        for row, v in enumerate(values):
+            out[(row,) + tuple(slice(0, n) for n in v.shape)] = v
+        return out
+    import torch
+
+    like = next(v for v in values if isinstance(v, torch.Tensor))
+    values = [torch.as_tensor(v, device=like.device) for v in values]  # some rows may be numpy (e.g. empty outputs)
+    pad = 0 if values[0].is_floating_point() else PAD_ID
+    out = torch.full((len(values),) + shape, pad, dtype=values[0].dtype, device=values[0].device)
+    for row, v in enumerate(values):
+        out[(row,) + tuple(slice(0, n) for n in v.shape)] = v
+    return out
+
+
+def to_pb_tensor(name: str, value, pb_utils):
+    """numpy array or torch tensor -> ``pb_utils.Tensor`` (DLPack for CUDA tensors)."""
     if isinstance(value, np.ndarray):
         return pb_utils.Tensor(name, value)
     if value.device.type != "cpu":
@@ -90,43 +132,52 @@ def error_response(exc: BaseException, pb_utils, code=None):
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), code))
 
 
-def execute(backend, requests, pb_utils, batched: bool = True) -> list:
-    """Answer the requests handed to ``execute``; a failing request gets an error response, the others their outputs.
+def execute(backend, requests, pb_utils) -> list:
+    """Answer the requests handed to ``execute`` of a batched model (max_batch_size > 0).
+
+    Every row of every request is one sequence: all rows go to the backend together, so sequences share forward
+    passes whether they came in one request (a round of generate's steps) or in several (Triton's dynamic batcher).
+    A request whose rows all succeed gets its outputs stacked back along the batch dimension (:func:`stack_rows`);
+    a request with a failing row gets an error response (generate then retries that round's sequences one by one, so
+    only the failing sequence fails); other requests are unaffected.
 
     Args:
         backend: object with ``INPUTS`` (input names) and ``run(dict) -> dict``, or ``run_batch(list[dict]) -> list``
-            (outputs or exception per request) to serve the requests Triton's dynamic batcher groups together at once.
+            (outputs or exception per sequence).
         requests: the ``pb_utils.InferenceRequest`` list handed to ``execute``.
-        batched: the model has max_batch_size > 0: every request carries one sequence with a leading batch dimension
-            of 1, removed from the inputs and added to the outputs.
     """
-    results: list = []
+    rows: list = []  # every sequence of every request
+    spans: list = []  # per request: (first row, row count) or the exception that fails it
     for request in requests:
         try:
-            results.append(read_inputs(request, backend.INPUTS, pb_utils, batched))
+            r = read_rows(request, backend.INPUTS, pb_utils)
+            spans.append((len(rows), len(r)))
+            rows += r
         except Exception as exc:  # noqa: BLE001
-            results.append(exc)
-    ready = [i for i, r in enumerate(results) if not isinstance(r, Exception)]
+            spans.append(exc)
     if hasattr(backend, "run_batch"):
-        for i, out in zip(ready, backend.run_batch([results[i] for i in ready])):
-            results[i] = out
+        outs = list(backend.run_batch(rows)) if rows else []
     else:
-        for i in ready:
+        outs = []
+        for inputs in rows:
             try:
-                results[i] = backend.run(results[i])
-            except Exception as exc:  # noqa: BLE001 - every failure becomes this request's error response
-                results[i] = exc
+                outs.append(backend.run(inputs))
+            except Exception as exc:  # noqa: BLE001 - every failure becomes its request's error response
+                outs.append(exc)
     responses = []
-    for r in results:
-        if isinstance(r, Exception):
-            if not isinstance(r, ValueError):
-                logger.error("%s failed: %s", type(backend).__name__,
-                             "".join(traceback.format_exception(type(r), r, r.__traceback__)))
-            responses.append(error_response(r, pb_utils))
-        else:
+    for span in spans:
+        if not isinstance(span, Exception):
+            mine = outs[span[0]:span[0] + span[1]]
+            span = next((o for o in mine if isinstance(o, Exception)), None)
+        if span is None:
             try:
-                responses.append(pb_utils.InferenceResponse(
-                    output_tensors=[to_pb_tensor(n, v, pb_utils, batched) for n, v in r.items()]))
+                responses.append(pb_utils.InferenceResponse(output_tensors=[
+                    to_pb_tensor(name, stack_rows([o[name] for o in mine]), pb_utils) for name in mine[0]]))
+                continue
             except Exception as exc:  # noqa: BLE001
-                responses.append(error_response(exc, pb_utils))
+                span = exc
+        if not isinstance(span, ValueError):
+            logger.error("%s failed: %s", type(backend).__name__,
+                         "".join(traceback.format_exception(type(span), span, span.__traceback__)))
+        responses.append(error_response(span, pb_utils))
     return responses

@@ -1,13 +1,16 @@
 """Backend of the decoupled ``generate`` model: tokenise, loop the ``spec_step`` ensemble over BLS, stream.
 
 Each request runs as an asyncio task (the Python backend's async ``execute`` for decoupled models), so several streams
-progress concurrently. Each step is one BLS call to ``spec_step``; each step's accepted tokens go to the client as one
-response (``stream=true``) or are gathered into a single response (``stream=false``, for HTTP ``/generate``). At the end
-of a sequence, on errors and on cancellation, a ``release`` call frees the sequence's caches in every model.
+progress concurrently. Their steps run in rounds (:mod:`.rounds`): each round is one batched BLS call to ``spec_step``
+(one row per sequence), so concurrent sequences share the draft's and the target's forward passes. Each step's accepted
+tokens go to the client as one response (``stream=true``) or are gathered into a single response (``stream=false``, for
+HTTP ``/generate``). At the end of a sequence, on errors and on cancellation, a ``release`` call frees the sequence's
+caches in every model.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import traceback
@@ -17,8 +20,9 @@ import numpy as np
 from ..loop import Chunk, Generation, StepInputs, StepResult, speculation_disabled
 from ..models import load_tokenizer, resolve_model_path
 from ..request import METHODS, InvalidInputError, ServerLimits, parse_request
-from .adapter import config_param, error_response, read_inputs
+from .adapter import config_param, error_response, read_inputs, stack_rows, strip_padding
 from .metrics import Metrics, stats_tuple
+from .rounds import StepRounds
 
 logger = logging.getLogger(__name__)
 
@@ -29,33 +33,41 @@ STEP_MODEL = "spec_step"
 
 
 class TritonStep:
-    """The Triton transport of the generation loop: one BLS call to the ``spec_step`` ensemble per step.
+    """The Triton transport of the generation loop: BLS calls to the ``spec_step`` ensemble.
+
+    A round of steps (see :mod:`.rounds`) goes as one request whose batch dimension holds one sequence per row, so
+    each model of the ensemble gets the whole round in one ``execute`` and draft_model and target_model run it as one
+    batched forward. Token-id rows are padded to the longest with ``PAD_ID`` (-1) and so are the outputs' rows.
 
     Args:
         pb_utils: the ``triton_python_backend_utils`` module.
         model_name: the ensemble to call.
+        max_batch_size: most sequences per request (the ensemble's max_batch_size); larger rounds are split.
     """
 
-    def __init__(self, pb_utils, model_name: str = STEP_MODEL):
+    def __init__(self, pb_utils, model_name: str = STEP_MODEL, max_batch_size: int = 16):
         self.pb = pb_utils
         self.model_name = model_name
+        self.max_batch_size = max_batch_size
 
-    def _request(self, inp: StepInputs, release: bool):
-        pb, p = self.pb, inp.params
-        one = lambda value, dtype: np.array([[value]], dtype)  # noqa: E731 - batch dimension 1, one element
+    def _request(self, inps: list[StepInputs], release: bool):
+        pb = self.pb
+        col = lambda values, dtype: np.array([[v] for v in values], dtype)  # noqa: E731 - [batch, 1]
+        params = [i.params for i in inps]
+        ids = stack_rows([np.asarray(i.token_ids, np.int64) for i in inps])
         tensors = [
-            pb.Tensor("sequence_id", one(inp.seq_id, np.uint64)),
-            pb.Tensor("token_ids", np.asarray(inp.token_ids, np.int64)[None]),
-            pb.Tensor("num_draft_tokens", one(inp.num_draft_tokens, np.int32)),
-            pb.Tensor("speculative_method", one(inp.method.encode(), np.object_)),
-            pb.Tensor("temperature", one(p.temperature, np.float32)),
-            pb.Tensor("top_k", one(p.top_k, np.int32)),
-            pb.Tensor("top_p", one(p.top_p, np.float32)),
-            pb.Tensor("random_seed", one(p.seed, np.int64)),
-            pb.Tensor("seeded", one(p.seeded, np.bool_)),
-            pb.Tensor("step", one(inp.step, np.int64)),
-            pb.Tensor("release", one(release, np.bool_)),
-            pb.Tensor("acceptance_method", one(inp.acceptance_method.encode(), np.object_)),
+            pb.Tensor("sequence_id", col([i.seq_id for i in inps], np.uint64)),
+            pb.Tensor("token_ids", ids),
+            pb.Tensor("num_draft_tokens", col([i.num_draft_tokens for i in inps], np.int32)),
+            pb.Tensor("speculative_method", col([i.method.encode() for i in inps], np.object_)),
+            pb.Tensor("temperature", col([p.temperature for p in params], np.float32)),
+            pb.Tensor("top_k", col([p.top_k for p in params], np.int32)),
+            pb.Tensor("top_p", col([p.top_p for p in params], np.float32)),
+            pb.Tensor("random_seed", col([p.seed for p in params], np.int64)),
+            pb.Tensor("seeded", col([p.seeded for p in params], np.bool_)),
+            pb.Tensor("step", col([i.step for i in inps], np.int64)),
+            pb.Tensor("release", col([release] * len(inps), np.bool_)),
+            pb.Tensor("acceptance_method", col([i.acceptance_method.encode() for i in inps], np.object_)),
         ]
         return pb.InferenceRequest(
             model_name=self.model_name,
@@ -63,26 +75,53 @@ class TritonStep:
             requested_output_names=["output_ids", "output_log_probs", "draft_token_ids"],
         )
 
+    async def _exec(self, inps: list[StepInputs]) -> list[StepResult]:
+        resp = await self._request(inps, release=False).async_exec()
+        if resp.has_error():
+            raise RuntimeError(f"spec_step failed: {resp.error().message()}")
+        get = self.pb.get_output_tensor_by_name
+        ids = get(resp, "output_ids").as_numpy().reshape(len(inps), -1)
+        lps = get(resp, "output_log_probs").as_numpy().reshape(len(inps), -1)
+        drafts = get(resp, "draft_token_ids").as_numpy().reshape(len(inps), -1)
+        out = []
+        for row in range(len(inps)):
+            n = len(strip_padding(ids[row]))
+            out.append(StepResult(ids[row, :n].tolist(), len(strip_padding(drafts[row])), lps[row, :n].tolist()))
+        return out
+
     async def __call__(self, inp: StepInputs) -> StepResult:
-        """Run one step through the ensemble.
+        """Run one sequence's step through the ensemble.
 
         Raises:
             RuntimeError: the ensemble answered with an error (its message is kept).
         """
-        resp = await self._request(inp, release=False).async_exec()
-        if resp.has_error():
-            raise RuntimeError(f"spec_step failed: {resp.error().message()}")
-        get = self.pb.get_output_tensor_by_name
-        ids = get(resp, "output_ids").as_numpy().reshape(-1).tolist()
-        lps = get(resp, "output_log_probs").as_numpy().reshape(-1).tolist()
-        drafted = int(get(resp, "draft_token_ids").as_numpy().size)
-        return StepResult(ids, drafted, lps)
+        return (await self._exec([inp]))[0]
+
+    async def run_batch(self, inps: list[StepInputs]) -> list:
+        """Run several sequences' steps (a round) through the ensemble, ``max_batch_size`` sequences per request.
+
+        Returns:
+            per step, its :class:`StepResult` or the exception that fails it. If a batched request fails, its steps
+            are run again one by one, so that only the failing sequence fails (steps are idempotent: caches are keyed
+            by the token ids, noise by (seed, step, position)).
+        """
+        chunks = [inps[i:i + self.max_batch_size] for i in range(0, len(inps), self.max_batch_size)]
+        out: list = []
+        for chunk, res in zip(chunks, await asyncio.gather(*(self._exec(c) for c in chunks), return_exceptions=True)):
+            if not isinstance(res, BaseException):
+                out += res
+            elif len(chunk) == 1:
+                out.append(res)
+            else:
+                logger.warning("a batched step failed (%s); running its %d sequences one by one", res, len(chunk))
+                out += await asyncio.gather(*(self(i) for i in chunk), return_exceptions=True)
+        return out
 
     async def release(self, gen: Generation) -> None:
         """Free the sequence's caches in every model of the ensemble (errors are logged, not raised)."""
         try:
             inp = gen.next_step()
-            resp = await self._request(inp, release=True).async_exec()
+            resp = await self._request([inp], release=True).async_exec()
             if resp.has_error():
                 logger.warning("release of sequence %d failed: %s", gen.seq_id, resp.error().message())
         except Exception:  # noqa: BLE001
@@ -128,6 +167,8 @@ class GenerateBackend:
             raise ValueError(f"num_draft_tokens_schedule={schedule!r}: allowed values are constant, heuristic")
         self.adaptive_max_k = self.limits.max_num_draft_tokens if schedule == "heuristic" else 0
         self.running = 0  # requests being generated (this instance)
+        # Steps of concurrent sequences start together so that they share forward passes (see rounds.py).
+        self.rounds = StepRounds(self._run_round, max_wait_s=config_param(params, "step_round_max_wait_ms", 20) / 1000)
         self._rng = random.Random()
         self.metrics = Metrics(pb_utils)
         self.metrics.set("spec_decode_running_sequences", 0)
@@ -183,6 +224,8 @@ class GenerateBackend:
         req = gen.request
         gathered_text, gathered_ids, gathered_lps = [], [], []
         self._set_running(+1)
+        self.rounds.join()
+        in_loop = True
         try:
             while not gen.finished:
                 if sender.is_cancelled():
@@ -191,7 +234,7 @@ class GenerateBackend:
                 inp = gen.next_step()
                 if speculation_disabled(self.running, self.disable_by_batch_size):
                     inp.num_draft_tokens = 0
-                result = await self.step(inp)
+                result = await self.rounds.submit(inp)
                 if sender.is_cancelled():  # the client left during the step: send and count nothing more
                     gen.cancel()
                     break
@@ -207,6 +250,8 @@ class GenerateBackend:
                     gathered_text.append(chunk.text)
                     gathered_ids += chunk.token_ids
                     gathered_lps += chunk.log_probs
+            self.rounds.leave()
+            in_loop = False
             if gen.finish_reason == "cancelled":
                 # The client is gone: close the stream without data.
                 sender.send(flags=final)
@@ -224,10 +269,19 @@ class GenerateBackend:
             except Exception:  # noqa: BLE001 - the stream may already be closed
                 pass
         finally:
+            if in_loop:
+                self.rounds.leave()
             await self.step.release(gen)
             self._set_running(-1)
             self.metrics.add("spec_decode_requests_total", 1, method=req.speculative_method,
                              finish_reason=gen.finish_reason or "error")
+
+    async def _run_round(self, inps: list[StepInputs]) -> list:
+        """One round of steps (:class:`StepRounds`): one batched request when the transport has ``run_batch``."""
+        run_batch = getattr(self.step, "run_batch", None)
+        if run_batch is not None:
+            return await run_batch(inps)
+        return await asyncio.gather(*(self.step(i) for i in inps), return_exceptions=True)
 
     def _set_running(self, delta: int) -> None:
         self.running += delta

@@ -20,7 +20,7 @@ from ..proposers import DraftModelProposer, HybridProposer, NgramProposer, Suffi
 from ..sampling import SamplingParams
 from ..scorer import TargetScorer
 from ..step import Verifier
-from .adapter import config_param
+from .adapter import config_param, strip_padding
 from .metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def _params(inputs: dict) -> SamplingParams:
 
 
 def _token_ids(inputs: dict) -> list[int]:
-    ids = np.asarray(inputs["token_ids"]).reshape(-1).astype(np.int64).tolist()
+    ids = strip_padding(inputs["token_ids"])
     if not ids:
         raise ValueError("token_ids must not be empty")
     return ids
@@ -298,7 +298,7 @@ class TargetBackend(_BatchedBackend):
         if _is_release(inputs):
             self.scorer.release(seq_id)
             return {"target_probs": torch.zeros((0, 0), dtype=torch.float32)}
-        drafts = np.asarray(inputs.get("draft_token_ids", np.zeros(0, np.int64))).reshape(-1).tolist()
+        drafts = strip_padding(inputs.get("draft_token_ids", np.zeros(0, np.int64)))
         ids, params = _token_ids(inputs), _params(inputs)
         self.lm.check(ids + drafts, len(drafts) + 1)
         return _Work(seq_id, (seq_id, ids, drafts, params), lambda probs: {"target_probs": probs.float()})
@@ -330,9 +330,19 @@ class VerifierBackend:
         tp = torch.as_tensor(inputs["target_probs"])
         if tp.shape[0] == 0:  # release
             return {"output_ids": np.zeros(0, np.int64), "output_log_probs": np.zeros(0, np.float32)}
-        drafts = torch.as_tensor(inputs["draft_token_ids"]).reshape(-1).to(torch.int64)
+        # In a batched request rows are padded to the round's largest k: k is the row's draft count without padding.
+        drafts = torch.as_tensor(strip_padding(inputs["draft_token_ids"]), dtype=torch.int64)
+        k = len(drafts)
+        if tp.shape[0] < k + 1:
+            raise ValueError(f"target_probs has {tp.shape[0]} rows for {k} drafts (needs k + 1)")
+        tp = tp[: k + 1]
         dp = inputs.get("draft_probs")
-        dp = None if dp is None or np.prod(tuple(dp.shape)) == 0 else torch.as_tensor(dp)
+        if dp is not None and np.prod(tuple(dp.shape)) > 0:
+            dp = torch.as_tensor(dp)[:k]
+            if not bool(dp.any()):  # padding of a row without draft probabilities (n-gram, suffix) in a batch
+                dp = None
+        else:
+            dp = None
         greedy = float(_one(inputs, "temperature", 0.0)) <= 0.0
         method = _one(inputs, "acceptance_method", b"")
         method = method.decode() if isinstance(method, bytes) else str(method)

@@ -1,0 +1,466 @@
+"""The serving benchmark of ``make bench``: perf_analyzer and genai-perf against ``generate``, beside in-process baselines.
+
+In one run, on HumanEval prompts (greedy, ``max_tokens`` new tokens with ``ignore_eos`` so every request has the same
+length):
+
+1. One tritonserver (started here on free ports). For each speculative_method and each concurrency (1, 2, 4, 8):
+   ``perf_analyzer -i grpc --streaming --concurrency-range C --input-data ... --request-count N
+   --profile-export-file ...``. From the per-response timestamps of the export: output tokens/s (all output tokens /
+   the span from the first request to the last response), TTFT and inter-token latency (ITL = (latency - TTFT) /
+   (tokens - 1), genai-perf's definition) and the distribution of tokens per response (= per step: one streamed
+   response per step). Each concurrency level uses its own window of prompts, so suffix decoding's cache of earlier
+   responses never holds the answer to a prompt it is asked again.
+2. genai-perf (``--endpoint-type kserve --backend tensorrtllm --streaming``: Triton gRPC with TensorRT-LLM's tensor names) for none and each method at concurrency 1
+   and the largest level, when it is installed (``scripts/setup_bench.sh`` puts it in ``.venv-genai-perf``; the
+   ``--genai-perf`` option names another executable): its own TTFT, ITL and output token throughput.
+3. A second server with ``disable_by_batch_size`` set: each method against none at the largest concurrency.
+4. In process, on the prompts of the concurrency-1 window: transformers ``generate`` (greedy), prompt lookup
+   (``prompt_lookup_num_tokens=k``) and assisted generation with the same draft (its pruned vocabulary scattered back
+   to the target's, see :func:`full_vocab_draft`).
+
+Prints the tables and the goals of issue 7, saves JSON and two PNG plots (tokens/s against concurrency per method;
+the distribution of tokens per step per method). Ratios compare numbers measured in this one run.
+
+    python bench/serving.py --output results/serving.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "backend_src"))
+
+from client.datasets import humaneval_prompts  # noqa: E402
+from client.generate import stream_generate  # noqa: E402
+from client.metrics import scrape, value  # noqa: E402
+
+
+def model_batching(metrics_url: str, model: str = "target_model") -> tuple[float, float]:
+    """(inferences, executions) of ``model`` so far (Triton's nv_inference_count / nv_inference_exec_count); their
+    ratio over an interval is the mean number of sequences per forward."""
+    s = scrape(metrics_url, prefix="nv_inference_")
+    return (value(s, "nv_inference_count", model=model, version="1"),
+            value(s, "nv_inference_exec_count", model=model, version="1"))
+
+
+def measure(srv, fn) -> dict:
+    """``fn()``'s row plus target_mean_batch: sequences per target forward while it ran."""
+    before = model_batching(srv.metrics_url)
+    row = fn()
+    after = model_batching(srv.metrics_url)
+    execs = after[1] - before[1]
+    return row | {"target_mean_batch": (after[0] - before[0]) / execs if execs else None}
+
+
+def perf_analyzer_env() -> dict[str, str]:
+    """Environment for tritonclient's perf_analyzer: libcudart.so.12 (PyPI nvidia-cuda-runtime-cu12) on
+    LD_LIBRARY_PATH, and the venv's bin first on PATH (genai-perf calls ``perf_analyzer`` from PATH)."""
+    import nvidia.cuda_runtime
+
+    env = dict(os.environ)
+    libs = [str(Path(p) / "lib") for p in nvidia.cuda_runtime.__path__]
+    env["LD_LIBRARY_PATH"] = ":".join(libs + [env.get("LD_LIBRARY_PATH", "")]).rstrip(":")
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    return env
+
+
+def _ids_count(output: dict) -> int:
+    ids = output.get("output_ids", [])
+    return len(ids) if isinstance(ids, list) else 1
+
+
+def parse_profile_export(path: Path) -> dict:
+    """Figures from a perf_analyzer ``--profile-export-file`` of streaming requests to ``generate``.
+
+    Returns:
+        dict: requests, tokens, span_s, tokens_per_s (tokens / span from the first request to the last response),
+        ttft_ms and itl_ms (median over requests, with their p90), latency_ms (median), tokens_per_step_histogram
+        (tokens in one streamed response -> count; one response per step).
+
+    Raises:
+        ValueError: the export holds no request with a response.
+    """
+    data = json.loads(Path(path).read_text())
+    reqs = [r for e in data["experiments"] for r in e["requests"] if r.get("response_timestamps")]
+    if not reqs:
+        raise ValueError(f"{path}: no request with a response")
+    tokens, ttft, itl, lat, hist = 0, [], [], [], {}
+    start = min(int(r["timestamp"]) for r in reqs)
+    end = max(int(r["response_timestamps"][-1]) for r in reqs)
+    for r in reqs:
+        t0, times = int(r["timestamp"]), [int(t) for t in r["response_timestamps"]]
+        counts = [_ids_count(o) for o in r.get("response_outputs", [])]
+        n = sum(counts)
+        tokens += n
+        for c in counts:
+            if c:
+                hist[c] = hist.get(c, 0) + 1
+        ttft.append((times[0] - t0) / 1e6)
+        lat.append((times[-1] - t0) / 1e6)
+        if n > 1:
+            itl.append((times[-1] - times[0]) / 1e6 / (n - 1))
+
+    def p90(x):
+        return sorted(x)[min(len(x) - 1, int(0.9 * len(x)))]
+
+    return {"requests": len(reqs), "tokens": tokens, "span_s": (end - start) / 1e9, "tokens_per_s": tokens / ((end - start) / 1e9),
+            "ttft_ms": statistics.median(ttft), "ttft_p90_ms": p90(ttft), "itl_ms": statistics.median(itl) if itl else None,
+            "itl_p90_ms": p90(itl) if itl else None, "latency_ms": statistics.median(lat),
+            "tokens_per_step_histogram": {str(k): v for k, v in sorted(hist.items())}}
+
+
+def run_perf_analyzer(url: str, prompts: list[str], method: str, k: int, concurrency: int, requests: int,
+                      max_tokens: int, workdir: Path, tag: str = "") -> dict:
+    """One perf_analyzer run (gRPC streaming, concurrency ``concurrency``, ``requests`` requests) -> parsed figures.
+
+    Raises:
+        RuntimeError: perf_analyzer failed (its output is in the message).
+    """
+    tag = f"{tag}{method}.c{concurrency}"
+    data = {"data": [{"text_input": [p], "max_tokens": [max_tokens], "stream": [True], "ignore_eos": [True],
+                      "speculative_method": [method], "num_draft_tokens": [k if method != "none" else 0]}
+                     for p in prompts]}
+    inp, export = workdir / f"input.{tag}.json", workdir / f"perf_analyzer.{tag}.json"
+    inp.write_text(json.dumps(data))
+    # -x 1: without an explicit version perf_analyzer 2.49 sometimes fails its server-statistics lookup ("failed to
+    # find the requested model version") after the run; one retry covers what remains of that.
+    cmd = [str(Path(sys.executable).parent / "perf_analyzer"), "-m", "generate", "-x", "1", "-i", "grpc", "-u", url,
+           "--streaming", "--concurrency-range", str(concurrency), "--input-data", str(inp), "--request-count",
+           str(requests), "--profile-export-file", str(export)]
+    for _ in range(2):
+        export.unlink(missing_ok=True)  # perf_analyzer refuses an existing export path
+        r = subprocess.run(cmd, env=perf_analyzer_env(), capture_output=True, text=True, timeout=3600)
+        if r.returncode == 0 and export.exists():
+            break
+    if r.returncode != 0 or not export.exists():
+        raise RuntimeError(f"perf_analyzer failed ({r.returncode}): {' '.join(cmd)}\n{(r.stdout + r.stderr)[:1500]}")
+    return {"tool": "perf_analyzer", "method": method, "concurrency": concurrency} | parse_profile_export(export)
+
+
+def find_genai_perf(explicit: str | None) -> str | None:
+    """The genai-perf executable: ``explicit``, else ``.venv-genai-perf/bin/genai-perf``, else on PATH (None if none)."""
+    for cand in (explicit, str(ROOT / ".venv-genai-perf" / "bin" / "genai-perf"), shutil.which("genai-perf")):
+        if cand and Path(cand).exists():
+            return cand
+    return None
+
+
+def run_genai_perf(exe: str, url: str, prompts: list[str], method: str, k: int, concurrency: int, requests: int,
+                   max_tokens: int, tokenizer: Path, workdir: Path) -> dict:
+    """One genai-perf profile (Triton gRPC, TensorRT-LLM-style inputs, streaming) -> its own summary figures.
+
+    Raises:
+        RuntimeError: genai-perf failed or wrote no JSON export.
+    """
+    tag = f"{method}.c{concurrency}"
+    art = workdir / f"genai_perf.{tag}"
+    shutil.rmtree(art, ignore_errors=True)
+    prompts_file = workdir / "genai_perf_prompts.jsonl"
+    prompts_file.write_text("".join(json.dumps({"text": p}) + "\n" for p in prompts))
+    cmd = [exe, "profile", "-m", "generate", "--endpoint-type", "kserve", "--backend", "tensorrtllm", "--streaming",
+           "-u", url, "--input-file", str(prompts_file), "--tokenizer", str(tokenizer),
+           "--output-tokens-mean", str(max_tokens), "--extra-inputs", f"speculative_method:{method}",
+           "--extra-inputs", f"num_draft_tokens:{k if method != 'none' else 0}", "--extra-inputs", "ignore_eos:true",
+           "--concurrency", str(concurrency), "--request-count", str(requests), "--artifact-dir", str(art)]
+    r = subprocess.run(cmd, env=perf_analyzer_env(), capture_output=True, text=True, timeout=3600, cwd=workdir)
+    exports = sorted(art.rglob("*genai_perf.json"))
+    if r.returncode != 0 or not exports:
+        raise RuntimeError(f"genai-perf failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    s = json.loads(exports[0].read_text())
+
+    def stat(name, key="avg"):
+        v = s.get(name, {})
+        return v.get(key) if isinstance(v, dict) else None
+
+    return {"tool": "genai-perf", "method": method, "concurrency": concurrency,
+            "tokens_per_s": stat("output_token_throughput"), "ttft_ms": stat("time_to_first_token", "p50"),
+            "itl_ms": stat("inter_token_latency", "p50"), "request_latency_ms": stat("request_latency", "p50"),
+            "output_sequence_length": stat("output_sequence_length"), "export": str(exports[0])}
+
+
+def full_vocab_draft(draft_dir: Path, target_vocab_size: int):
+    """The distilled draft as a full-vocabulary transformers model, for ``generate(assistant_model=...)``.
+
+    The draft's embedding and head have N + 1 rows (kept target tokens + one row for every other token). Here the
+    embedding gets V rows (each target id reads its draft row, the shared row for ids outside the set) and the head V
+    rows plus a bias of -1e9 outside the set, so the greedy proposals equal the served draft's exactly.
+
+    Returns:
+        a ``*ForCausalLM`` (float32, CPU, eval) with vocab_size V.
+    """
+    import torch
+
+    from spec_decode.models import load_causal_lm, load_draft_vocab
+
+    model = load_causal_lm(draft_dir, torch.device("cpu"), torch.float32)
+    vocab = load_draft_vocab(draft_dir)
+    if vocab is None:
+        return model
+    rows = model.get_input_embeddings().weight.detach()[vocab.to_draft]  # [V, H]
+    emb = torch.nn.Embedding(target_vocab_size, rows.shape[1])
+    emb.weight.data = rows.clone()
+    head = torch.nn.Linear(rows.shape[1], target_vocab_size, bias=True)
+    head.weight.data = rows.clone()
+    head.bias.data = torch.full((target_vocab_size,), -1e9)
+    head.bias.data[vocab.token_ids] = 0.0
+    model.set_input_embeddings(emb)
+    model.lm_head = head
+    model.config.vocab_size = target_vocab_size
+    model.config.tie_word_embeddings = False
+    return model.eval()
+
+
+def in_process_baselines(prompts: list[str], max_tokens: int, k: int, draft_dir: Path | None) -> list[dict]:
+    """transformers generate, prompt lookup and assisted generation (greedy, ``max_tokens`` new tokens each, EOS
+    ignored as the server's ``ignore_eos``) on ``prompts``, one at a time; tokens/s = tokens / seconds."""
+    import torch
+
+    from spec_decode.models import load_causal_lm, load_tokenizer, prepare_default_model
+
+    path = prepare_default_model()
+    tok = load_tokenizer(path)
+    model = load_causal_lm(path, torch.device("cpu"), torch.float32)
+    variants = {"transformers:generate": {}, "transformers:prompt_lookup": {"prompt_lookup_num_tokens": k}}
+    if draft_dir is not None:
+        assistant = full_vocab_draft(draft_dir, int(model.config.vocab_size))
+        assistant.generation_config.num_assistant_tokens = k
+        assistant.generation_config.num_assistant_tokens_schedule = "constant"
+        variants["transformers:assisted"] = {"assistant_model": assistant}
+    rows = []
+    for name, extra in variants.items():
+        kw = dict(do_sample=False, max_new_tokens=max_tokens, min_new_tokens=max_tokens, **extra)
+        with torch.inference_mode():
+            model.generate(**tok("warm up", return_tensors="pt"), **(kw | {"max_new_tokens": 4, "min_new_tokens": 4}))
+        tokens, seconds = 0, 0.0
+        for p in prompts:
+            enc = tok(p, return_tensors="pt")
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                out = model.generate(**enc, **kw)
+            seconds += time.perf_counter() - t0
+            tokens += out.shape[1] - enc["input_ids"].shape[1]
+        rows.append({"tool": "in-process", "method": name, "concurrency": 1, "tokens": tokens, "seconds": seconds,
+                     "tokens_per_s": tokens / seconds})
+        print(f"{name:<28} {tokens / seconds:8.2f} tokens/s", flush=True)
+    return rows
+
+
+def plot(rows: list[dict], baselines: list[dict], path_tps: Path, path_hist: Path, title: str) -> None:
+    """tokens/s against concurrency per method (perf_analyzer; in-process baselines as lines at concurrency 1), and the
+    distribution of tokens per step per method (perf_analyzer, all levels)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pa = [r for r in rows if r["tool"] == "perf_analyzer" and not r.get("disable_by_batch_size")]
+    methods = list(dict.fromkeys(r["method"] for r in pa))
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for m in methods:
+        pts = sorted((r["concurrency"], r["tokens_per_s"]) for r in pa if r["method"] == m)
+        ax.plot([c for c, _ in pts], [t for _, t in pts], marker="o", label=f"server {m}")
+    for r in [r for r in rows if r.get("disable_by_batch_size")]:
+        ax.scatter([r["concurrency"]], [r["tokens_per_s"]], marker="x", s=60,
+                   label=f"{r['method']}, disable_by_batch_size={r['disable_by_batch_size']}")
+    for b, style in zip(baselines, ("--", ":", "-.")):
+        ax.axhline(b["tokens_per_s"], color="gray", linestyle=style, linewidth=1, label=f"{b['method']} (c=1)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({r["concurrency"] for r in pa}), [str(c) for c in sorted({r["concurrency"] for r in pa})])
+    ax.set_xlabel("concurrent streams")
+    ax.set_ylabel("output tokens/s (all streams)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path_tps, dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    width = 0.8 / max(1, len(methods))
+    kmax = max((int(n) for r in pa for n in r["tokens_per_step_histogram"]), default=1)
+    for j, m in enumerate(methods):
+        hist: dict[int, int] = {}
+        for r in pa:
+            if r["method"] == m:
+                for n, c in r["tokens_per_step_histogram"].items():
+                    hist[int(n)] = hist.get(int(n), 0) + c
+        total = sum(hist.values()) or 1
+        xs = [n + (j - (len(methods) - 1) / 2) * width for n in range(1, kmax + 1)]
+        ax.bar(xs, [hist.get(n, 0) / total for n in range(1, kmax + 1)], width,
+               label=f"{m} (mean {sum(n * c for n, c in hist.items()) / total:.2f})")
+    ax.set_xlabel("tokens emitted per step")
+    ax.set_ylabel("fraction of steps")
+    ax.set_xticks(range(1, kmax + 1))
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path_hist, dpi=120)
+    plt.close(fig)
+
+
+def goals(rows: list[dict], baselines: list[dict], levels: list[int]) -> list[dict]:
+    """Issue 7's goals from this run's rows: each with target, reached (a number) and met (bool)."""
+    pa = {(r["method"], r["concurrency"]): r["tokens_per_s"] for r in rows
+          if r["tool"] == "perf_analyzer" and not r.get("disable_by_batch_size")}
+    out = []
+    c1, cmax = levels[0], levels[-1]
+    none1 = pa.get(("none", c1))
+    spec = {m: v for (m, c), v in pa.items() if c == c1 and m != "none"}
+    if none1 and spec:
+        best = max(spec, key=spec.get)
+        out.append({"goal": f"best method / none at concurrency {c1}", "target": ">= 1.8",
+                    "reached": spec[best] / none1, "detail": best, "met": spec[best] / none1 >= 1.8})
+    hf = next((b["tokens_per_s"] for b in baselines if b["method"] == "transformers:generate"), None)
+    if none1 and hf:
+        out.append({"goal": f"none through the server / in-process transformers generate (concurrency {c1})",
+                    "target": ">= 0.9", "reached": none1 / hf, "met": none1 / hf >= 0.9})
+    if none1 and pa.get(("none", cmax)):
+        r = pa[("none", cmax)] / none1
+        out.append({"goal": f"none: tokens/s at concurrency {cmax} / at {c1}", "target": ">= 3", "reached": r,
+                    "met": r >= 3})
+    dis = [r for r in rows if r.get("disable_by_batch_size")]
+    none_d = next((r["tokens_per_s"] for r in dis if r["method"] == "none"), None)
+    for r in dis:
+        if r["method"] != "none" and none_d:
+            out.append({"goal": f"{r['method']} with disable_by_batch_size={r['disable_by_batch_size']} / none "
+                                f"(concurrency {r['concurrency']})", "target": ">= 1.0",
+                        "reached": r["tokens_per_s"] / none_d, "met": r["tokens_per_s"] / none_d >= 1.0})
+    return out
+
+
+def _print_rows(rows: list[dict]) -> None:
+    print(f"\n{'tool':<14}{'method':<28}{'conc':>5}{'tokens/s':>10}{'TTFT ms':>9}{'ITL ms':>8}{'tok/step':>9}"
+          f"{'batch':>7}  note")
+    for r in rows:
+        h = r.get("tokens_per_step_histogram") or {}
+        steps = sum(h.values())
+        tps = f"{sum(int(n) * c for n, c in h.items()) / steps:.2f}" if steps else "-"
+        fmt = lambda v, f: format(v, f) if isinstance(v, (int, float)) else "-".rjust(int(f.split(".")[0]))  # noqa: E731
+        note = f"disable_by_batch_size={r['disable_by_batch_size']}" if r.get("disable_by_batch_size") else ""
+        print(f"{r['tool']:<14}{r['method']:<28}{r['concurrency']:>5}{fmt(r.get('tokens_per_s'), '10.2f')}"
+              f"{fmt(r.get('ttft_ms'), '9.0f')}{fmt(r.get('itl_ms'), '8.1f')}{tps:>9}"
+              f"{fmt(r.get('target_mean_batch'), '7.2f')}  {note or r.get('error', '')[:60]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: run the suite, print the tables and goals, save JSON and PNGs."""
+    from spec_decode.models import default_draft_dir, default_draft_ready, prepare_default_model
+    from spec_decode.server import TritonServer, draft_overrides, prepare_repository
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--methods", default="none,ngram,suffix,draft",
+                    help="speculative methods (draft is dropped when no draft LM is built)")
+    ap.add_argument("--concurrency", default="1,2,4,8")
+    ap.add_argument("--requests-per-stream", type=int, default=2, help="requests per level = this x concurrency")
+    ap.add_argument("--min-requests", type=int, default=4, help="at least this many requests per level")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--num-draft-tokens", type=int, default=4)
+    ap.add_argument("--disable-by-batch-size", type=int, default=4,
+                    help="the second server's disable_by_batch_size (0 = skip that part)")
+    ap.add_argument("--genai-perf", help="genai-perf executable (default: .venv-genai-perf/bin/genai-perf or PATH; "
+                                         "'none' skips it)")
+    ap.add_argument("--skip-baselines", action="store_true", help="skip the in-process transformers baselines")
+    ap.add_argument("--output", type=Path, default=Path("results/serving.json"))
+    args = ap.parse_args(argv)
+
+    levels = [int(c) for c in args.concurrency.split(",")]
+    methods = args.methods.split(",")
+    draft_dir = default_draft_dir() if default_draft_ready() else None
+    if "draft" in methods and draft_dir is None:
+        print("no distilled draft (make draft): skipping speculative_method=draft", flush=True)
+        methods.remove("draft")
+    counts = [max(args.min_requests, args.requests_per_stream * c) for c in levels]
+    prompts = humaneval_prompts(min(164, sum(counts)))
+    windows, at = {}, 0
+    for c, n in zip(levels, counts):  # a window of prompts per level (suffix never sees a prompt twice)
+        windows[c] = [prompts[(at + i) % len(prompts)] for i in range(n)]
+        at += n
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="spec_decode_bench_"))
+    overrides = draft_overrides(str(draft_dir)) if draft_dir is not None else {}
+    rows: list[dict] = []
+    genai = None if args.genai_perf == "none" else find_genai_perf(args.genai_perf)
+    if genai is None and args.genai_perf != "none":
+        print("genai-perf not found (scripts/setup_bench.sh installs it into .venv-genai-perf): skipping it", flush=True)
+
+    @contextlib.contextmanager
+    def serve(extra: dict, tag: str):
+        ov = {m: dict(p) for m, p in overrides.items()}
+        for m, p in extra.items():
+            ov.setdefault(m, {}).update(p)
+        log = args.output.with_name(f"{args.output.stem}.{tag}.server.log")
+        with TritonServer(prepare_repository(ov or None), log_path=log) as srv:
+            srv.wait_ready(timeout=900)
+            yield srv
+
+    with serve({}, "main") as srv:
+        for m in methods:
+            stream_generate(srv.grpc_url, prompts[-1], 8, speculative_method=m)  # warm-up
+            for c in levels:
+                print(f"perf_analyzer: {m}, concurrency {c}, {len(windows[c])} requests ...", flush=True)
+                rows.append(measure(srv, lambda: run_perf_analyzer(
+                    srv.grpc_url, windows[c], m, args.num_draft_tokens, c, len(windows[c]), args.max_tokens, workdir)))
+                print(f"  {rows[-1]['tokens_per_s']:.2f} tokens/s, TTFT {rows[-1]['ttft_ms']:.0f} ms, "
+                      f"ITL {rows[-1]['itl_ms']:.1f} ms, target batch {rows[-1]['target_mean_batch'] or 0:.2f}",
+                      flush=True)
+        if genai is not None:
+            for m in methods:
+                for c in sorted({levels[0], levels[-1]}):
+                    print(f"genai-perf: {m}, concurrency {c} ...", flush=True)
+                    try:
+                        rows.append(run_genai_perf(genai, srv.grpc_url, windows[c], m, args.num_draft_tokens, c,
+                                                   len(windows[c]), args.max_tokens, prepare_default_model(), workdir))
+                    except RuntimeError as exc:
+                        print(f"  {exc}", flush=True)
+                        rows.append({"tool": "genai-perf", "method": m, "concurrency": c, "error": str(exc)[-2000:]})
+    if args.disable_by_batch_size > 0:
+        c = levels[-1]
+        with serve({"generate": {"disable_by_batch_size": str(args.disable_by_batch_size)}}, "disable") as srv:
+            for m in methods:
+                stream_generate(srv.grpc_url, prompts[-1], 8, speculative_method=m)
+                print(f"perf_analyzer (disable_by_batch_size={args.disable_by_batch_size}): {m}, concurrency {c} ...",
+                      flush=True)
+                row = measure(srv, lambda: run_perf_analyzer(
+                    srv.grpc_url, windows[c], m, args.num_draft_tokens, c, len(windows[c]), args.max_tokens, workdir,
+                    tag="disable."))
+                rows.append(row | {"disable_by_batch_size": args.disable_by_batch_size})
+    baselines = []
+    if not args.skip_baselines:
+        print(f"in-process baselines on the {len(windows[levels[0]])} prompts of the concurrency-{levels[0]} window ...",
+              flush=True)
+        baselines = in_process_baselines(windows[levels[0]], args.max_tokens, args.num_draft_tokens, draft_dir)
+
+    title = (f"HumanEval, {args.max_tokens} tokens/request (ignore_eos), greedy, k={args.num_draft_tokens}, "
+             f"{os.cpu_count()} CPUs")
+    _print_rows(rows + baselines)
+    goal_rows = goals(rows, baselines, levels)
+    print("\ngoals (issue 7):")
+    for g in goal_rows:
+        print(f"  {'MET ' if g['met'] else 'not met'}  {g['goal']}: {g['reached']:.2f} (target {g['target']})"
+              + (f" [{g['detail']}]" if g.get("detail") else ""))
+    result = {"title": title, "max_tokens": args.max_tokens, "num_draft_tokens": args.num_draft_tokens,
+              "levels": levels, "methods": methods, "draft_model": str(draft_dir) if draft_dir else None,
+              "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+              "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "rows": rows, "baselines": baselines, "goals": goal_rows}
+    args.output.write_text(json.dumps(result, indent=2))
+    tps_png = args.output.with_name(f"{args.output.stem}_tokens_per_s.png")
+    hist_png = args.output.with_name(f"{args.output.stem}_tokens_per_step.png")
+    plot(rows, baselines, tps_png, hist_png, title)
+    print(f"\nsaved {args.output}, {tps_png} and {hist_png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
