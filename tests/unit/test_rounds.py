@@ -180,7 +180,7 @@ def test_verifier_rows_padded_to_the_rounds_largest_k_equal_unpadded_rows(k_rows
 
     gen = torch.Generator().manual_seed(0)
     vocab = 11
-    ver = VerifierBackend({"backend": "torch"})
+    ver = VerifierBackend({"backend": "torch", "num_threads": "0"})  # 0: leave the test process's threads alone
     rows = []
     for i, k in enumerate(k_rows):
         tp = torch.softmax(torch.randn(k + 1, vocab, generator=gen), -1)

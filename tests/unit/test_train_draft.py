@@ -125,3 +125,32 @@ def test_evaluate_steps_drafts_as_live_greedy_decoding():
     assert report["live_acceptance_per_position"] == pytest.approx([0.5, 0.5, 0.25, 0.25])
     assert report["live_acceptance_rate"] == pytest.approx(6 / 16)
     assert report["live_tokens_per_step"] == pytest.approx(2.5)
+
+
+def test_full_vocab_draft_for_assisted_generation_proposes_what_the_served_draft_proposes(tiny_draft, real_model_dir,
+                                                                                         real_tokenizer):
+    """bench/serving.py's assisted-generation baseline uses the same draft: its greedy tokens equal the served
+    DraftModelProposer's greedy drafts (pruned vocabulary scattered back to the target's)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from serving import full_vocab_draft
+
+    from spec_decode.kv_cache import CachedCausalLM
+    from spec_decode.models import load_causal_lm, load_draft_vocab
+    from spec_decode.proposers import DraftModelProposer
+    from spec_decode.sampling import SamplingParams
+
+    vocab = load_draft_vocab(tiny_draft)
+    assert vocab is not None
+    full = full_vocab_draft(tiny_draft, vocab.target_vocab_size)
+    assert full.config.vocab_size == vocab.target_vocab_size
+    served = DraftModelProposer(CachedCausalLM(load_causal_lm(tiny_draft, torch.device("cpu"), torch.float32)), vocab)
+    for i, prompt in enumerate(["def add(a, b):\n    return", "for i in range(10):", "import numpy as np\n"]):
+        ids = real_tokenizer(prompt)["input_ids"]
+        drafts = served.propose(i, ids, 5, SamplingParams(), 0).draft_token_ids.tolist()
+        with torch.inference_mode():
+            out = full.generate(torch.tensor([ids]), max_new_tokens=5, min_new_tokens=5, do_sample=False)
+        assert out[0, len(ids):].tolist() == drafts
+        assert all(t in set(vocab.token_ids.tolist()) for t in drafts)

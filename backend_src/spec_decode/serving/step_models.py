@@ -308,7 +308,8 @@ class VerifierBackend:
     """verifier: rejection sampling (lossless) or typical acceptance (not lossless); greedy check at temperature 0.
 
     Config parameters: acceptance_method (rejection | typical, the default when a request names none),
-    typical_epsilon (0.09), typical_alpha (0.3), backend (auto | triton | torch).
+    typical_epsilon (0.09), typical_alpha (0.3), backend (auto | triton | torch), num_threads (torch CPU threads of
+    this process, 1; 0 = torch's default).
     Outputs: output_ids INT64 [n] (1 <= n <= k+1), output_log_probs FP32 [n]; both empty for a release.
     Metrics: time verifying.
     """
@@ -317,6 +318,9 @@ class VerifierBackend:
               "acceptance_method")
 
     def __init__(self, params: dict[str, str], metrics: Metrics | None = None):
+        threads = config_param(params, "num_threads", 1)
+        if threads > 0:  # its CPU work is small: more threads only spin against the target's on a small machine
+            torch.set_num_threads(threads)
         self.metrics = metrics if metrics is not None else Metrics()
         self.verifier = Verifier(
             acceptance_method=config_param(params, "acceptance_method", "rejection"),

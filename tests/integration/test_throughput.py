@@ -1,0 +1,63 @@
+"""Throughput under concurrency through the real server: lockstep rounds batch concurrent sequences into one forward,
+outputs stay those of solo runs, and the benchmark suite's perf_analyzer run works against generate."""
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+from client.datasets import humaneval_prompts
+from client.generate import stream_generate
+from client.metrics import scrape, value
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+
+def _batching(server, model):
+    s = scrape(server.metrics_url, prefix="nv_inference_")
+    return (value(s, "nv_inference_count", model=model, version="1"),
+            value(s, "nv_inference_exec_count", model=model, version="1"))
+
+
+def test_concurrent_streams_step_in_rounds_that_share_one_target_forward(server):
+    """4 greedy streams of equal length started together: (almost) every target execute holds all 4 sequences (one
+    batched request per round), and each output equals the same request run alone."""
+    prompts = humaneval_prompts(4)
+    kw = dict(speculative_method="none", ignore_eos=True)
+    solo = [stream_generate(server.grpc_url, p, 24, **kw).output_ids for p in prompts]
+    results = [None] * 4
+    go = threading.Barrier(4)
+
+    def run(i):
+        go.wait()
+        results[i] = stream_generate(server.grpc_url, prompts[i], 24, **kw).output_ids
+
+    (c0, e0), (g0, _) = _batching(server, "target_model"), _batching(server, "spec_step")
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert results == solo
+    # one step per token per sequence, plus each sequence's release (sent just after its final response)
+    deadline = time.monotonic() + 10
+    while _batching(server, "target_model")[0] - c0 < 4 * 24 + 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (c1, e1), (g1, _) = _batching(server, "target_model"), _batching(server, "spec_step")
+    assert c1 - c0 == 4 * 24 + 4 and g1 - g0 == 4 * 24 + 4
+    # 24 rounds if all 4 start in the same round (a sequence that arrives during another's first step joins the next
+    # one) and the 4 releases: far from the 100 executes of unbatched steps
+    assert e1 - e0 <= 24 + 4 + 4, (c1 - c0, e1 - e0)
+
+
+def test_perf_analyzer_streams_generate_and_the_suite_reads_its_export(server, tmp_path):
+    """bench/serving.py's perf_analyzer run (gRPC, --streaming, concurrency 2) and the figures parsed from its
+    profile export: every token of every request counted, one response per step."""
+    from serving import run_perf_analyzer
+
+    row = run_perf_analyzer(server.grpc_url, humaneval_prompts(3), "suffix", 4, 2, 4, 10, tmp_path)
+    assert row["requests"] == 4 and row["tokens"] == 4 * 10  # ignore_eos: exactly max_tokens each
+    hist = {int(n): c for n, c in row["tokens_per_step_histogram"].items()}
+    assert sum(n * c for n, c in hist.items()) == row["tokens"]
+    assert all(1 <= n <= 5 for n in hist)  # at most k + 1 tokens per step
+    assert row["tokens_per_s"] > 0 and 0 < row["ttft_ms"] < row["latency_ms"] and row["itl_ms"] > 0

@@ -1,0 +1,60 @@
+"""bench/serving.py's parsing of perf_analyzer exports and its goals table (the runs themselves are integration)."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from serving import goals, parse_profile_export  # noqa: E402
+
+S = 1_000_000_000  # ns
+
+
+def _export(tmp_path, requests):
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps({"experiments": [{"experiment": {"mode": "concurrency", "value": 2},
+                                                 "requests": requests}], "version": "", "service_kind": "triton"}))
+    return path
+
+
+def test_profile_export_gives_tokens_per_s_ttft_itl_and_tokens_per_step(tmp_path):
+    # request A: sent at 0 s, responses at 1, 2, 3 s carrying 1, 3 (a list) and 2 tokens -> 6 tokens
+    # request B: sent at 1 s, responses at 1.5 and 5 s carrying 1 and 1 token -> 2 tokens
+    a = {"timestamp": 0, "response_timestamps": [1 * S, 2 * S, 3 * S],
+         "response_outputs": [{"output_ids": 5}, {"output_ids": [1, 2, 3]}, {"output_ids": [4, 4]}]}
+    b = {"timestamp": 1 * S, "response_timestamps": [int(1.5 * S), 5 * S],
+         "response_outputs": [{"output_ids": 9}, {"output_ids": 8}]}
+    empty = {"timestamp": 0, "response_timestamps": [], "response_outputs": []}
+    r = parse_profile_export(_export(tmp_path, [a, b, empty]))
+    assert r["requests"] == 2 and r["tokens"] == 8
+    assert r["span_s"] == pytest.approx(5.0) and r["tokens_per_s"] == pytest.approx(8 / 5)
+    assert r["ttft_ms"] == pytest.approx((1000 + 500) / 2)  # median of 1000 and 500 ms
+    assert r["itl_ms"] == pytest.approx((2000 / 5 + 3500 / 1) / 2)  # (last - first) / (tokens - 1), median
+    assert r["tokens_per_step_histogram"] == {"1": 3, "2": 1, "3": 1}
+
+
+def test_profile_export_without_responses_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match="no request with a response"):
+        parse_profile_export(_export(tmp_path, [{"timestamp": 0, "response_timestamps": []}]))
+
+
+def test_goals_compare_rows_of_the_same_run():
+    rows = [{"tool": "perf_analyzer", "method": "none", "concurrency": 1, "tokens_per_s": 10.0},
+            {"tool": "perf_analyzer", "method": "none", "concurrency": 8, "tokens_per_s": 31.0},
+            {"tool": "perf_analyzer", "method": "suffix", "concurrency": 1, "tokens_per_s": 17.0},
+            {"tool": "perf_analyzer", "method": "ngram", "concurrency": 1, "tokens_per_s": 19.0},
+            {"tool": "perf_analyzer", "method": "none", "concurrency": 8, "tokens_per_s": 30.0,
+             "disable_by_batch_size": 4},
+            {"tool": "perf_analyzer", "method": "suffix", "concurrency": 8, "tokens_per_s": 29.0,
+             "disable_by_batch_size": 4}]
+    g = {x["goal"].split(":")[0].split(" (")[0]: x for x in goals(rows, [{"method": "transformers:generate",
+                                                                          "tokens_per_s": 10.5}], [1, 2, 4, 8])}
+    best = g["best method / none at concurrency 1"]
+    assert best["detail"] == "ngram" and best["reached"] == pytest.approx(1.9) and best["met"]
+    hf = g["none through the server / in-process transformers generate"]
+    assert hf["reached"] == pytest.approx(10 / 10.5) and hf["met"]
+    assert g["none"]["reached"] == pytest.approx(3.1) and g["none"]["met"]
+    dis = g["suffix with disable_by_batch_size=4 / none"]
+    assert dis["reached"] == pytest.approx(29 / 30) and not dis["met"]
