@@ -117,7 +117,8 @@ class CachedCausalLM:
         scoring steps) are run together: their caches are left-padded to a common length and stacked, their new tokens
         left-padded to a common count, and a 4D attention mask keeps every sequence to its own tokens (padding is never
         attended to); the caches are split back afterwards. Longer work (a prefill, a cache miss) runs alone, so one
-        prompt does not pad every sequence of the batch to its length.
+        prompt does not pad every sequence of the batch to its length, and sequences whose caches differ too much in
+        length run in separate forwards (:meth:`_groups`).
 
         Args:
             calls: (seq_id, token_ids, n_logits) per sequence, as for :meth:`logits`; seq_ids must be distinct.
@@ -141,13 +142,35 @@ class CachedCausalLM:
                     out[i] = self._forward_one(seq_id, e, ids, keep, n)
                 else:
                     batch.append((i, seq_id, e, ids, keep, n))
-            if len(batch) == 1:
-                i, seq_id, e, ids, keep, n = batch[0]
-                out[i] = self._forward_one(seq_id, e, ids, keep, n)
-            elif batch:
-                for i, logits in zip((b[0] for b in batch), self._forward_batch(batch)):
-                    out[i] = logits
+            for group in self._groups(batch):
+                if len(group) == 1:
+                    i, seq_id, e, ids, keep, n = group[0]
+                    out[i] = self._forward_one(seq_id, e, ids, keep, n)
+                else:
+                    for i, logits in zip((b[0] for b in group), self._forward_batch(group)):
+                        out[i] = logits
         return out
+
+    @staticmethod
+    def _groups(batch: list, slack: int = 64) -> list[list]:
+        """Split a batch so that left-padding never more than doubles the cached positions a forward handles.
+
+        Every row of a batched forward is padded to the longest cache in it: one 2,000-token sequence among short ones
+        would make every row attend over (and the stacking copy) 2,000 positions. Rows are taken by cached length; a
+        row joins the current group while (rows x its length) <= 2 x (the group's real positions), or while it is at
+        most ``slack`` positions long (short caches cost little whatever the padding).
+        """
+        groups: list[list] = []
+        total = 0
+        for row in sorted(batch, key=lambda b: b[4]):
+            c = row[4]
+            if groups and (c <= slack or (len(groups[-1]) + 1) * c <= 2 * (total + c)):
+                groups[-1].append(row)
+                total += c
+            else:
+                groups.append([row])
+                total = c
+        return groups
 
     def check(self, token_ids: list[int], n_logits: int) -> None:
         """Raise ValueError (naming the bound) unless :meth:`logits` accepts ``token_ids`` and ``n_logits``."""

@@ -180,3 +180,29 @@ def test_seeded_sampling_is_reproducible(tiny_lm):
         run_local(gen, step)
         outs.append(gen.output_ids)
     assert outs[0] == outs[1] and outs[0] != outs[2]
+
+
+def test_batches_split_where_padding_would_more_than_double_the_cached_positions(tiny_lm):
+    """One long sequence among short ones runs in its own forward (else every row is padded to its length); results
+    still equal each sequence's own full forward."""
+    import random
+
+    rng = random.Random(1)
+    lm = CachedCausalLM(tiny_lm, max_sequences=8, max_batched_new_tokens=400)
+    sizes = []
+    forward_batch = lm._forward_batch
+    lm._forward_batch = lambda batch: sizes.append(sorted(b[4] for b in batch)) or forward_batch(batch)
+    seqs = {0: 300, 1: 70, 2: 80, 3: 90}
+    seqs = {s: [rng.randrange(97) for _ in range(n)] for s, n in seqs.items()}
+    for s, ids in seqs.items():
+        lm.logits(s, ids, 1)
+    for _ in range(2):
+        for ids in seqs.values():
+            ids.append(rng.randrange(97))
+        calls = [(s, list(ids), 1) for s, ids in seqs.items()]
+        for (s, ids, n), got in zip(calls, lm.logits_batch(calls)):
+            torch.testing.assert_close(got, _full_logits(tiny_lm, ids)[-n:], atol=1e-5, rtol=1e-4)
+    # the three short ones share a forward; the 300-token one (4 x 301 > 2 x 541 real positions) runs alone
+    assert [len(x) for x in sizes] == [3, 3] and all(max(x) < 100 for x in sizes)
+    groups = CachedCausalLM._groups([(i, i, None, None, c, 1) for i, c in enumerate([10, 500, 20, 520, 30])])
+    assert [[r[4] for r in g] for g in groups] == [[10, 20, 30], [500, 520]]
