@@ -1,8 +1,8 @@
 """Lockstep rounds: the steps of all running sequences start together, so that they share forward passes.
 
-Each request's generation loop is an asyncio task in the ``generate`` model, and each step is an independent BLS call
+Each request's generation loop is an asyncio task in the ``generate`` model. When each step was an independent BLS call
 through the ``spec_step`` ensemble (draft_model -> target_model -> verifier, each its own process with Triton's dynamic
-batcher). Left alone, concurrent sequences fall into a few groups that stay out of phase: while the target runs group A,
+batcher), concurrent sequences fell into a few groups that stayed out of phase: while the target runs group A,
 group B is being verified and drafted, arrives at the target as a batch of its own, and the two never merge (measured:
 mean target batch 3 with 8 streams). :class:`StepRounds` is the fix vLLM's scheduler applies (one scheduler iteration
 runs a step of every running sequence): a round starts once every sequence in the loop has submitted its next step (or
@@ -45,7 +45,7 @@ class StepRounds:
         self.run_round = run_round
         self.max_wait_s = max_wait_s
         self.members = 0  # sequences in the generation loop
-        self.rounds = 0  # rounds started (for tests and metrics)
+        self.rounds = 0  # rounds started (for tests)
         self.in_flight = False
         self._pending: list[tuple[I, asyncio.Future]] = []
         self._timer: asyncio.TimerHandle | None = None
