@@ -188,7 +188,7 @@ def test_batches_split_where_padding_would_more_than_double_the_cached_positions
     import random
 
     rng = random.Random(1)
-    lm = CachedCausalLM(tiny_lm, max_sequences=8, max_batched_new_tokens=400)
+    lm = CachedCausalLM(tiny_lm, max_sequences=8, max_batched_new_tokens=400, max_padded_positions=256)
     sizes = []
     forward_batch = lm._forward_batch
     lm._forward_batch = lambda batch: sizes.append(sorted(b[4] for b in batch)) or forward_batch(batch)
@@ -202,7 +202,7 @@ def test_batches_split_where_padding_would_more_than_double_the_cached_positions
         calls = [(s, list(ids), 1) for s, ids in seqs.items()]
         for (s, ids, n), got in zip(calls, lm.logits_batch(calls)):
             torch.testing.assert_close(got, _full_logits(tiny_lm, ids)[-n:], atol=1e-5, rtol=1e-4)
-    # the three short ones share a forward; the 300-token one (4 x 301 > 2 x 541 real positions) runs alone
+    # the three short ones share a forward; the 300-token one (4 x 301 - 541 = 663 padded slots > 256) runs alone
     assert [len(x) for x in sizes] == [3, 3] and all(max(x) < 100 for x in sizes)
-    groups = CachedCausalLM._groups([(i, i, None, None, c, 1) for i, c in enumerate([10, 500, 20, 520, 30])])
-    assert [[r[4] for r in g] for g in groups] == [[10, 20, 30], [500, 520]]
+    groups = lm._groups([(i, i, None, None, c, 1) for i, c in enumerate([10, 500, 20, 520, 30, 200])])
+    assert [[r[4] for r in g] for g in groups] == [[10, 20, 30], [200], [500, 520]]  # 4 x 200 - 260 = 540 > 256
