@@ -10,9 +10,10 @@ length):
    (tokens - 1), genai-perf's definition) and the distribution of tokens per response (= per step: one streamed
    response per step). Each concurrency level uses its own window of prompts, so suffix decoding's cache of earlier
    responses never holds the answer to a prompt it is asked again.
-2. genai-perf (``--endpoint-type kserve --backend tensorrtllm --streaming``: Triton gRPC with TensorRT-LLM's tensor names) for none and each method at concurrency 1
-   and the largest level, when it is installed (``scripts/setup_bench.sh`` puts it in ``.venv-genai-perf``; the
-   ``--genai-perf`` option names another executable): its own TTFT, ITL and output token throughput.
+2. genai-perf (``--endpoint-type kserve --backend tensorrtllm --streaming``: Triton gRPC with TensorRT-LLM's tensor
+   names) for each method at concurrency 1 and the largest level, when it is installed (``scripts/setup_bench.sh``
+   puts it in ``.venv-genai-perf``; ``--genai-perf`` names another executable): its own TTFT, ITL and output token
+   throughput.
 3. A second server with ``disable_by_batch_size`` set: each method against none at the largest concurrency.
 4. In process, on the prompts of the concurrency-1 window: transformers ``generate`` (greedy), prompt lookup
    (``prompt_lookup_num_tokens=k``) and assisted generation with the same draft (its pruned vocabulary scattered back
@@ -116,9 +117,11 @@ def parse_profile_export(path: Path) -> dict:
     def p90(x):
         return sorted(x)[min(len(x) - 1, int(0.9 * len(x)))]
 
-    return {"requests": len(reqs), "tokens": tokens, "span_s": (end - start) / 1e9, "tokens_per_s": tokens / ((end - start) / 1e9),
-            "ttft_ms": statistics.median(ttft), "ttft_p90_ms": p90(ttft), "itl_ms": statistics.median(itl) if itl else None,
-            "itl_p90_ms": p90(itl) if itl else None, "latency_ms": statistics.median(lat),
+    span = (end - start) / 1e9
+    return {"requests": len(reqs), "tokens": tokens, "span_s": span, "tokens_per_s": tokens / span,
+            "ttft_ms": statistics.median(ttft), "ttft_p90_ms": p90(ttft),
+            "itl_ms": statistics.median(itl) if itl else None, "itl_p90_ms": p90(itl) if itl else None,
+            "latency_ms": statistics.median(lat),
             "tokens_per_step_histogram": {str(k): v for k, v in sorted(hist.items())}}
 
 
