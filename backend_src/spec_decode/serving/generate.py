@@ -224,34 +224,34 @@ class GenerateBackend:
         req = gen.request
         gathered_text, gathered_ids, gathered_lps = [], [], []
         self._set_running(+1)
-        self.rounds.join()
-        in_loop = True
         try:
-            while not gen.finished:
-                if sender.is_cancelled():
-                    gen.cancel()
-                    break
-                inp = gen.next_step()
-                if speculation_disabled(self.running, self.disable_by_batch_size):
-                    inp.num_draft_tokens = 0
-                result = await self.rounds.submit(inp)
-                if sender.is_cancelled():  # the client left during the step: send and count nothing more
-                    gen.cancel()
-                    break
-                before = stats_tuple(gen.stats)
-                chunk = gen.commit(result)
-                self.metrics.record_step(req.speculative_method, inp.num_draft_tokens, before, gen.stats)
-                if req.stream:
-                    if chunk.finished:
+            self.rounds.join()
+            try:
+                while not gen.finished:
+                    if sender.is_cancelled():
+                        gen.cancel()
                         break
-                    if chunk.token_ids or chunk.text:
-                        sender.send(self._response(gen, chunk))
-                else:
-                    gathered_text.append(chunk.text)
-                    gathered_ids += chunk.token_ids
-                    gathered_lps += chunk.log_probs
-            self.rounds.leave()
-            in_loop = False
+                    inp = gen.next_step()
+                    if speculation_disabled(self.running, self.disable_by_batch_size):
+                        inp.num_draft_tokens = 0
+                    result = await self.rounds.submit(inp)
+                    if sender.is_cancelled():  # the client left during the step: send and count nothing more
+                        gen.cancel()
+                        break
+                    before = stats_tuple(gen.stats)
+                    chunk = gen.commit(result)
+                    self.metrics.record_step(req.speculative_method, inp.num_draft_tokens, before, gen.stats)
+                    if req.stream:
+                        if chunk.finished:
+                            break
+                        if chunk.token_ids or chunk.text:
+                            sender.send(self._response(gen, chunk))
+                    else:
+                        gathered_text.append(chunk.text)
+                        gathered_ids += chunk.token_ids
+                        gathered_lps += chunk.log_probs
+            finally:  # the other sequences' rounds need not wait for this one any more
+                self.rounds.leave()
             if gen.finish_reason == "cancelled":
                 # The client is gone: close the stream without data.
                 sender.send(flags=final)
@@ -269,8 +269,6 @@ class GenerateBackend:
             except Exception:  # noqa: BLE001 - the stream may already be closed
                 pass
         finally:
-            if in_loop:
-                self.rounds.leave()
             await self.step.release(gen)
             self._set_running(-1)
             self.metrics.add("spec_decode_requests_total", 1, method=req.speculative_method,
