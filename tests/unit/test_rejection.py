@@ -12,27 +12,70 @@ def _dist(gen, *shape, sharp=1.0):
     return torch.softmax(torch.randn(*shape, generator=gen) * sharp, dim=-1)
 
 
+def _assert_law(col, expected, v, label):
+    """Chi-square of the tokens ``col`` against ``expected`` [V] (zero entries: the token must never appear)."""
+    counts = np.bincount(col, minlength=v)
+    expected = np.asarray(expected, dtype=np.float64)
+    zero = expected <= 0
+    assert counts[zero].sum() == 0, (label, counts, expected)
+    stat, pvalue = chisquare(counts[~zero], expected[~zero] / expected[~zero].sum() * len(col))
+    assert pvalue > 1e-3, (label, counts, expected)
+
+
+def _zero_where(x, idx):
+    x = x.clone()
+    x[..., idx] = 0.0
+    return x / x.sum(-1, keepdim=True)
+
+
+DRAFTS = ["from_q", "q_zero_on_target_favourites", "target_truncated", "without_probs"]
+
+
 @pytest.mark.parametrize("k", [1, 2, 4])
-@pytest.mark.parametrize("with_draft_probs", [True, False])
-def test_output_distribution_equals_target(k, with_draft_probs):
-    """Chi-square at every position: given the first j tokens were accepted drafts, token j ~ target_probs[j]."""
+@pytest.mark.parametrize("draft", DRAFTS)
+def test_output_distribution_equals_target(k, draft):
+    """Chi-square at every position: given the first j tokens were accepted drafts, token j ~ target_probs[j].
+
+    Drafts come from q (lossless only then): a generic q; a q that gives zero probability to the target's two most
+    likely tokens at every position (they can only come from the residual); a target that gives zero probability to
+    two tokens the draft likes (a top-k target: they must never appear); and drafts without probabilities."""
     g = torch.Generator().manual_seed(100 + k)
     v, n = 6, 12000
-    p = _dist(g, 1, k + 1, v, sharp=1.2).expand(n, k + 1, v).contiguous()
-    q = _dist(g, 1, k, v, sharp=1.2).expand(n, k, v).contiguous()
-    if with_draft_probs:  # drafts sampled from q
-        d = torch.multinomial(q.reshape(-1, v), 1, generator=g).reshape(n, k)
+    p1 = _dist(g, 1, k + 1, v, sharp=1.2)
+    q1 = _dist(g, 1, k, v, sharp=1.2)
+    if draft == "q_zero_on_target_favourites":
+        top2 = p1[0, :k].topk(2, -1).indices  # [k, 2]
+        q1 = torch.stack([_zero_where(q1[0, i], top2[i]) for i in range(k)])[None]
+    elif draft == "target_truncated":
+        fav = q1[0].mean(0).topk(2).indices
+        p1 = _zero_where(p1, fav)
+    p = p1.expand(n, k + 1, v).contiguous()
+    q = q1.expand(n, k, v).contiguous()
+    if draft != "without_probs":  # drafts sampled from q
+        d = torch.multinomial(q.reshape(-1, v), 1, replacement=True, generator=g).reshape(n, k)
     else:  # any proposal: skewed towards token 0
         d = torch.where(torch.rand(n, k, generator=g) < 0.6, 0, torch.randint(0, v, (n, k), generator=g))
-    out = rejection_sample(p, d, q if with_draft_probs else None, seeds=torch.arange(n))
+    out = rejection_sample(p, d, None if draft == "without_probs" else q, seeds=torch.arange(n))
     for j in range(k + 1):
         col = out[:, j][out[:, j] >= 0].numpy()
-        if len(col) < 500:
-            continue
-        counts = np.bincount(col, minlength=v)
-        expected = p[0, j].double().numpy()
-        stat, pvalue = chisquare(counts, expected / expected.sum() * len(col))
-        assert pvalue > 1e-3, (j, counts, expected)
+        if len(col) >= 500:
+            _assert_law(col, p1[0, j].double().numpy(), v, (draft, j))
+
+
+@pytest.mark.parametrize("p_zero_at_draft", [False, True])
+def test_a_draft_with_zero_draft_probability_is_recovered_from_the_residual_law(p_zero_at_draft):
+    """q(x) = 0: always rejected; the emitted token ~ normalize(max(0, p - q)), which keeps p(x) at x (vLLM)."""
+    g = torch.Generator().manual_seed(31 + p_zero_at_draft)
+    v, n, x = 7, 12000, 2
+    p1 = _dist(g, 1, 2, v, sharp=1.5)
+    if p_zero_at_draft:
+        p1 = _zero_where(p1, [x])
+    q1 = _zero_where(_dist(g, 1, 1, v, sharp=1.5), [x])
+    out = rejection_sample(p1.expand(n, -1, -1).contiguous(), torch.full((n, 1), x), q1.expand(n, -1, -1).contiguous(),
+                           seeds=torch.arange(n) + 50000)
+    assert (out[:, 1] == -1).all()  # never accepted
+    residual = (p1[0, 0] - q1[0, 0]).clamp_min(0).double().numpy()
+    _assert_law(out[:, 0].numpy(), residual, v, "residual")
 
 
 def test_convergence_to_target_like_vllm():
@@ -151,3 +194,43 @@ def test_typical_zero_thresholds_accept_everything():
     assert torch.equal(out[:, :4], d)
     with pytest.raises(ValueError, match="posterior"):
         typical_acceptance_sample(p, d, posterior_threshold=-1.0)
+
+
+def test_real_model_truncated_distributions_keep_the_target_law_and_never_emit_outside_its_support(
+        real_model, real_tokenizer):
+    """The embedded target's own next-token distributions at a HumanEval prompt, with the request's top-k (many zeros)
+    and a draft q of a different truncation that gives zero probability to the target's most likely token: drafts
+    from q leave the first token's law equal to p (chi-square on p's support, nothing outside it); a draft of a token
+    q gives zero (but p does not) is never accepted, on both paths."""
+    from client.datasets import humaneval_prompts
+    from spec_decode.sampling import SamplingParams, logits_to_probs
+
+    ids = real_tokenizer(humaneval_prompts(1)[0])["input_ids"]
+    with torch.inference_mode():
+        logits = real_model(torch.tensor([ids])).logits[0, -2:].float()  # [2, V]: two positions -> k = 1
+    p1 = logits_to_probs(logits, SamplingParams(0.9, 6, 1.0))[None]  # [1, 2, V]: six tokens per position
+    q1 = logits_to_probs(logits[:1] * 0.5, SamplingParams(1.0, 30, 1.0))  # [1, V]: 30 tokens, flatter
+    q1[0, p1[0, 0].argmax()] = 0.0
+    q1 = (q1 / q1.sum(-1, keepdim=True))[None]  # [1, 1, V]
+    v = p1.shape[-1]
+    support = torch.nonzero(p1[0, 0] > 0)[:, 0]
+    counts = torch.zeros(v, dtype=torch.int64)
+    g = torch.Generator().manual_seed(0)
+    n, chunk = 6000, 1500
+    for start in range(0, n, chunk):  # chunks keep [chunk, V] temporaries small
+        d = torch.multinomial(q1[0], chunk, replacement=True, generator=g).reshape(chunk, 1)
+        out = rejection_sample(p1.expand(chunk, -1, -1), d, q1.expand(chunk, -1, -1),
+                               seeds=torch.arange(start, start + chunk))
+        counts += torch.bincount(out[:, 0], minlength=v)
+    assert counts.sum() == n and counts[p1[0, 0] == 0].sum() == 0
+    expected = p1[0, 0, support].double().numpy()
+    stat, pvalue = chisquare(counts[support].numpy(), expected / expected.sum() * n)
+    assert pvalue > 1e-3, (counts[support], expected)
+
+    x = int(p1[0, 0].argmax())  # q(x) = 0 < p(x)
+    for backend in ("torch", "triton"):
+        rows = 32 if backend == "triton" else 1000  # the interpreter takes ~0.2 s per row at this V
+        out = rejection_sample(p1.expand(rows, -1, -1).contiguous(), torch.full((rows, 1), x),
+                               q1.expand(rows, -1, -1).contiguous(), seeds=torch.arange(rows), backend=backend)
+        assert (out[:, 1] == -1).all(), backend  # never accepted
+        assert bool((p1[0, 0][out[:, 0]] > 0).all()), backend  # recovered inside p's support

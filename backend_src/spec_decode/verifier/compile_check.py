@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 _PTRS = {"tp_ptr": "*fp32", "dp_ptr": "*fp32", "ids_ptr": "*i64", "seeds_ptr": "*i64", "greedy_ptr": "*i8",
-         "u_ptr": "*fp32", "e_ptr": "*fp32", "out_ptr": "*i64", "K": "i32", "V": "i32",
+         "u_ptr": "*fp32", "e_ptr": "*fp32", "out_ptr": "*i64", "flags_ptr": "*i32", "K": "i32", "V": "i32",
          "posterior_threshold": "fp32", "posterior_alpha": "fp32"}
 
 

@@ -1,12 +1,18 @@
 """The verifier as Triton (triton-lang) GPU kernels: one launch per call, one program per sequence.
 
 Same maths as :mod:`spec_decode.verifier.torch_impl` (tested for exact agreement under ``TRITON_INTERPRET=1`` when fed
-the same noise). Each program walks its row's k drafts (accept test, greedy check, -1 placeholders rejected without
-indexing), then runs one tiled pass over V at the first rejected position (or the bonus position k) that computes the
-exponential race for the recovered distribution max(0, p - q) (or p without the draft token), the race for p itself
-(used when the residual is empty, p == q), and the argmax (greedy rows, typical acceptance). Out-of-range lanes score
--1 and never win. Offsets are int64. Noise comes from Philox keyed by (row seed, offset): offsets 0..k-1 are the accept
+the same noise), with the same boundary rules (see :func:`spec_decode.verifier.rejection.rejection_sample`). Each
+program walks its row's k drafts (accept test, greedy check, -1 placeholders rejected without indexing), then runs one
+tiled pass over V at the first rejected position (or the bonus position) that computes the exponential race for the
+recovered distribution max(0, p - q) (or p without the draft token), the race for p itself (used when the residual is
+empty), and the argmax (greedy rows, typical acceptance). Zero-probability entries and out-of-range lanes score -1 and
+never win. Offsets are int64. Noise comes from Philox keyed by (row seed, offset): offsets 0..k-1 are the accept
 uniforms, k + v the race's exponentials, so a seeded row does not depend on the rest of the batch.
+
+Every probability a program reads is checked in the pass that reads it (NaN, +inf or negative sets a flag bit), and
+so is the total mass of the row it samples from; the launchers turn the per-row flags into the torch path's
+``ValueError`` (one host sync; no extra pass over the tensors). Values a program never reads (the rows after its first
+rejection) cannot change its output and are not checked there.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from .checks import raise_for_flags
 
 
 @triton.jit
@@ -29,15 +37,15 @@ def _argmax_tile_update(score, start, best_val, best_idx):
 
 
 @triton.jit
-def _row_argmax(row_ptr, V, BLOCK_V: tl.constexpr):
-    best_val = -1.0
-    best_idx = tl.zeros((), dtype=tl.int64)
-    for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V).to(tl.int64)
-        m = offs < V
-        p = tl.load(row_ptr + offs, mask=m, other=0.0).to(tl.float32)
-        best_val, best_idx = _argmax_tile_update(tl.where(m, p, -1.0), start, best_val, best_idx)
-    return best_idx
+def _invalid(x):
+    """int32 1 where x is not a probability (NaN, +inf or negative), else 0; same shape as x."""
+    return tl.where((x >= 0.0) & (x < float("inf")), 0, 1).to(tl.int32)
+
+
+@triton.jit
+def _race_score(d, e):
+    """Exponential-race score d / e, and -1 where d is 0 (or a masked lane): a zero-probability token never wins."""
+    return tl.where(d > 0.0, d / e, -1.0)
 
 
 @triton.jit
@@ -60,12 +68,14 @@ def _write_output(out_row_ptr, ids_row_ptr, n, token, K):
 
 @triton.jit
 def rejection_kernel(
-    tp_ptr, dp_ptr, ids_ptr, seeds_ptr, greedy_ptr, u_ptr, e_ptr, out_ptr,
+    tp_ptr, dp_ptr, ids_ptr, seeds_ptr, greedy_ptr, u_ptr, e_ptr, out_ptr, flags_ptr,
     K, V,
     HAS_DRAFT_PROBS: tl.constexpr, HAS_NOISE: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     """One program per row b. tp [B, K+1, V], dp [B, K, V] (contiguous), ids [B, K] int64, seeds [B] int64,
-    greedy [B] int8, u [B, K] and e [B, V] float32 (read only when HAS_NOISE), out [B, K+1] int64."""
+    greedy [B] int8, u [B, K] and e [B, V] float32 (read only when HAS_NOISE), out [B, K+1] int64, flags [B] int32
+    (bits of :mod:`spec_decode.verifier.checks`: 1 a target value read was NaN/inf/negative, 2 a draft value,
+    4 the sampled target row sums to zero)."""
     row = tl.program_id(0).to(tl.int64)
     Vl = V.to(tl.int64)
     tp_row = tp_ptr + row * (K + 1) * Vl
@@ -73,6 +83,8 @@ def rejection_kernel(
     ids_row = ids_ptr + row * K
     seed = tl.load(seeds_ptr + row)
     greedy = tl.load(greedy_ptr + row) != 0
+    bad_p = tl.zeros((), dtype=tl.int32)
+    bad_q = tl.zeros((), dtype=tl.int32)
 
     n = tl.zeros((), dtype=tl.int64)
     accepting = tl.full((), 1, dtype=tl.int1)
@@ -81,25 +93,36 @@ def rejection_kernel(
         valid = x >= 0
         xs = tl.where(valid, x, 0)
         pos_ptr = tp_row + i * Vl
+        p = tl.load(pos_ptr + xs).to(tl.float32)
+        bad_p = bad_p | _invalid(p)
         if greedy:
-            ok = xs == _row_argmax(pos_ptr, V, BLOCK_V)
+            g_val = -1.0
+            g_idx = tl.zeros((), dtype=tl.int64)
+            for start in range(0, V, BLOCK_V):
+                offs = start + tl.arange(0, BLOCK_V).to(tl.int64)
+                m = offs < Vl
+                pv = tl.load(pos_ptr + offs, mask=m, other=0.0).to(tl.float32)
+                bad_p = bad_p | tl.max(_invalid(pv), axis=0)
+                g_val, g_idx = _argmax_tile_update(tl.where(m, pv, -1.0), start, g_val, g_idx)
+            ok = (xs == g_idx) & (p > 0.0)
         else:
-            p = tl.load(pos_ptr + xs).to(tl.float32)
             if HAS_NOISE:
                 u = tl.load(u_ptr + row * K + i)
             else:
                 u = tl.rand(seed, tl.full((), i, dtype=tl.int32))
             if HAS_DRAFT_PROBS:
                 q = tl.load(dp_row + i * Vl + xs).to(tl.float32)
-                ok = (q <= 0.0) | (u < tl.minimum(p / q, 1.0))
+                bad_q = bad_q | _invalid(q)
+                # accept with probability min(1, p/q); q = 0 rejects; no division: p == q accepts for every u < 1
+                ok = (q > 0.0) & ((p >= q) | (u * q < p))
             else:
-                ok = u < tl.minimum(p, 1.0)  # q one-hot at the draft: accept with probability p(x)
+                ok = u < p  # q one-hot at the draft: accept with probability p(x)
         accepting = accepting & valid & ok
         n += accepting.to(tl.int64)
 
-    # One pass over V at position n: recovered (n < K) or bonus (n == K) token.
-    has_draft = n < K
-    x_n = tl.load(ids_row + n, mask=has_draft, other=-1)
+    # One pass over V at position n: recovered (a rejected draft at n) or bonus (n == K, or a placeholder at n) token.
+    x_n = tl.load(ids_row + n, mask=n < K, other=-1)
+    has_draft = x_n >= 0
     pos_ptr = tp_row + n * Vl
     e_row = e_ptr + row * Vl
     res_val = -1.0
@@ -109,39 +132,46 @@ def rejection_kernel(
     g_val = -1.0
     g_idx = tl.zeros((), dtype=tl.int64)
     res_sum = 0.0
+    p_sum = 0.0
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V).to(tl.int64)
         m = offs < Vl
         p = tl.load(pos_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        bad_p = bad_p | tl.max(_invalid(p), axis=0)
         if HAS_DRAFT_PROBS:
             q = tl.load(dp_row + n * Vl + offs, mask=m & has_draft, other=0.0).to(tl.float32)
+            bad_q = bad_q | tl.max(_invalid(q), axis=0)
             residual = tl.maximum(p - q, 0.0)
         else:
             residual = tl.where(offs == x_n, 0.0, p)
         e = _exponential(seed, e_row, offs, m, K, HAS_NOISE)
-        res_val, res_idx = _argmax_tile_update(tl.where(m, residual / e, -1.0), start, res_val, res_idx)
-        p_val, p_idx = _argmax_tile_update(tl.where(m, p / e, -1.0), start, p_val, p_idx)
+        res_val, res_idx = _argmax_tile_update(_race_score(residual, e), start, res_val, res_idx)
+        p_val, p_idx = _argmax_tile_update(_race_score(p, e), start, p_val, p_idx)
         g_val, g_idx = _argmax_tile_update(tl.where(m, p, -1.0), start, g_val, g_idx)
-        res_sum += tl.sum(tl.where(m, residual, 0.0), axis=0)
-    token = tl.where(res_sum > 0.0, res_idx, p_idx)
+        res_sum += tl.sum(residual, axis=0)
+        p_sum += tl.sum(p, axis=0)
+    token = tl.where(res_sum > 0.0, res_idx, p_idx)  # an empty residual falls back to p
     token = tl.where(greedy, g_idx, token)
     _write_output(out_ptr + row * (K + 1), ids_row, n, token, K)
+    tl.store(flags_ptr + row, bad_p + 2 * bad_q + tl.where(p_sum > 0.0, 0, 4))
 
 
 @triton.jit
 def typical_kernel(
-    tp_ptr, ids_ptr, seeds_ptr, greedy_ptr, e_ptr, out_ptr,
+    tp_ptr, ids_ptr, seeds_ptr, greedy_ptr, e_ptr, out_ptr, flags_ptr,
     K, V, posterior_threshold, posterior_alpha,
     HAS_NOISE: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
-    """One program per row. Accept x_i when p(x_i) > min(eps, alpha * exp(-H(p_i))); argmax at the first rejection;
-    bonus drawn by the exponential race (argmax for greedy rows)."""
+    """One program per row. Accept x_i when p(x_i) > min(eps, alpha * exp(-H(p_i))) (greedy rows: while x_i is the
+    argmax); argmax at the first rejected draft; at the bonus position or a placeholder, a draw by the exponential
+    race (argmax for greedy rows). flags [B] int32 as in :func:`rejection_kernel` (bits 1 and 4)."""
     row = tl.program_id(0).to(tl.int64)
     Vl = V.to(tl.int64)
     tp_row = tp_ptr + row * (K + 1) * Vl
     ids_row = ids_ptr + row * K
     seed = tl.load(seeds_ptr + row)
     greedy = tl.load(greedy_ptr + row) != 0
+    bad_p = tl.zeros((), dtype=tl.int32)
 
     n = tl.zeros((), dtype=tl.int64)
     accepting = tl.full((), 1, dtype=tl.int1)
@@ -151,31 +181,41 @@ def typical_kernel(
         xs = tl.where(valid, x, 0)
         pos_ptr = tp_row + i * Vl
         neg_entropy = 0.0
+        g_val = -1.0
+        g_idx = tl.zeros((), dtype=tl.int64)
         for start in range(0, V, BLOCK_V):
             offs = start + tl.arange(0, BLOCK_V).to(tl.int64)
             m = offs < Vl
             p = tl.load(pos_ptr + offs, mask=m, other=0.0).to(tl.float32)
+            bad_p = bad_p | tl.max(_invalid(p), axis=0)
             neg_entropy += tl.sum(tl.where(p > 0.0, p * tl.log(tl.where(p > 0.0, p, 1.0)), 0.0), axis=0)
+            g_val, g_idx = _argmax_tile_update(tl.where(m, p, -1.0), start, g_val, g_idx)
         threshold = tl.minimum(posterior_alpha * tl.exp(neg_entropy), posterior_threshold)
         p_x = tl.load(pos_ptr + xs).to(tl.float32)
-        accepting = accepting & valid & (p_x > threshold)
+        ok = tl.where(greedy, (xs == g_idx) & (p_x > 0.0), p_x > threshold)
+        accepting = accepting & valid & ok
         n += accepting.to(tl.int64)
 
+    x_n = tl.load(ids_row + n, mask=n < K, other=-1)
     pos_ptr = tp_row + n * Vl
     e_row = e_ptr + row * Vl
     p_val = -1.0
     p_idx = tl.zeros((), dtype=tl.int64)
     g_val = -1.0
     g_idx = tl.zeros((), dtype=tl.int64)
+    p_sum = 0.0
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V).to(tl.int64)
         m = offs < Vl
         p = tl.load(pos_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        bad_p = bad_p | tl.max(_invalid(p), axis=0)
         e = _exponential(seed, e_row, offs, m, K, HAS_NOISE)
-        p_val, p_idx = _argmax_tile_update(tl.where(m, p / e, -1.0), start, p_val, p_idx)
+        p_val, p_idx = _argmax_tile_update(_race_score(p, e), start, p_val, p_idx)
         g_val, g_idx = _argmax_tile_update(tl.where(m, p, -1.0), start, g_val, g_idx)
-    token = tl.where((n < K) | greedy, g_idx, p_idx)
+        p_sum += tl.sum(p, axis=0)
+    token = tl.where((x_n >= 0) | greedy, g_idx, p_idx)
     _write_output(out_ptr + row * (K + 1), ids_row, n, token, K)
+    tl.store(flags_ptr + row, bad_p + tl.where(p_sum > 0.0, 0, 4))
 
 
 def _block_v(v: int) -> int:
@@ -186,6 +226,10 @@ def rejection_triton(target_probs, draft_token_ids, draft_probs, seeds, is_greed
     """Launch :func:`rejection_kernel`. ``noise`` = (uniform [B, k], exponential [B, V]) or None (Philox in-kernel).
 
     Returns [B, k+1] int64 on the input device.
+
+    Raises:
+        ValueError: a probability the kernel read was NaN, infinite or negative, or the target row it sampled from
+            sums to zero: the torch path's errors (:mod:`spec_decode.verifier.checks`), from the kernel's flags.
     """
     b, k1, v = target_probs.shape
     dev = target_probs.device
@@ -196,24 +240,32 @@ def rejection_triton(target_probs, draft_token_ids, draft_probs, seeds, is_greed
         u = e = torch.empty(1, dtype=torch.float32, device=dev)
     else:
         u, e = (t.to(device=dev, dtype=torch.float32).contiguous() for t in noise)
+    flags = torch.empty(b, dtype=torch.int32, device=dev)
     rejection_kernel[(b,)](
         tp, dp, draft_token_ids.contiguous(), seeds.to(dev), is_greedy.to(device=dev, dtype=torch.int8), u, e, out,
-        k1 - 1, v, HAS_DRAFT_PROBS=draft_probs is not None, HAS_NOISE=noise is not None, BLOCK_V=_block_v(v),
+        flags, k1 - 1, v, HAS_DRAFT_PROBS=draft_probs is not None, HAS_NOISE=noise is not None, BLOCK_V=_block_v(v),
     )
+    raise_for_flags(flags)
     return out
 
 
 def typical_triton(target_probs, draft_token_ids, posterior_threshold, posterior_alpha, seeds, is_greedy,
                    exponential=None) -> torch.Tensor:
-    """Launch :func:`typical_kernel`; ``exponential`` [B, V] or None (Philox in-kernel). Returns [B, k+1] int64."""
+    """Launch :func:`typical_kernel`; ``exponential`` [B, V] or None (Philox in-kernel). Returns [B, k+1] int64.
+
+    Raises:
+        ValueError: as :func:`rejection_triton`.
+    """
     b, k1, v = target_probs.shape
     dev = target_probs.device
     out = torch.empty((b, k1), dtype=torch.int64, device=dev)
+    flags = torch.empty(b, dtype=torch.int32, device=dev)
     e = (exponential.to(device=dev, dtype=torch.float32).contiguous() if exponential is not None
          else torch.empty(1, dtype=torch.float32, device=dev))
     typical_kernel[(b,)](
         target_probs.contiguous(), draft_token_ids.contiguous(), seeds.to(dev),
-        is_greedy.to(device=dev, dtype=torch.int8), e, out, k1 - 1, v, float(posterior_threshold),
+        is_greedy.to(device=dev, dtype=torch.int8), e, out, flags, k1 - 1, v, float(posterior_threshold),
         float(posterior_alpha), HAS_NOISE=exponential is not None, BLOCK_V=_block_v(v),
     )
+    raise_for_flags(flags)
     return out

@@ -1,10 +1,12 @@
 """Public verifier API: rejection sampling and typical acceptance, on Triton kernels (CUDA) or torch (CPU).
 
 Rejection sampling follows Leviathan et al. 2023 ("Fast Inference from Transformers via Speculative Decoding"), Chen et
-al. 2023 and vLLM's ``RejectionSampler``: draft x_i is accepted when u_i < min(1, p(x_i) / q(x_i)); at the first
+al. 2023 and vLLM's ``RejectionSampler``: draft x_i is accepted with probability min(1, p(x_i) / q(x_i)); at the first
 rejection a recovered token is drawn from normalize(max(0, p_i - q_i)); when all k drafts are accepted a bonus token is
-drawn from target_probs[k]. The output distribution equals the target's exactly. Typical acceptance follows Medusa
-(Cai et al. 2024) and vLLM's ``TypicalAcceptanceSampler``; it is faster and NOT lossless.
+drawn from target_probs[k]. The output distribution equals the target's exactly. The rule at each boundary (p = 0,
+q = 0, p = q, u at 0 or near 1, empty residuals, placeholders, half-precision underflow, invalid values) is listed in
+:func:`rejection_sample`. Typical acceptance follows Medusa (Cai et al. 2024) and vLLM's ``TypicalAcceptanceSampler``;
+it is faster and NOT lossless.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import torch
 
 from ..sampling import generator_for
+from .checks import check_probabilities
 from .torch_impl import rejection_torch, typical_torch
 
 _UNIFORM, _RACE = 1, 2  # noise purposes mixed into a seeded row's generator seed
@@ -22,7 +25,10 @@ _UNIFORM, _RACE = 1, 2  # noise purposes mixed into a seeded row's generator see
 def validate_inputs(
     target_probs: torch.Tensor, draft_token_ids: torch.Tensor, draft_probs: torch.Tensor | None, check_values: bool
 ) -> None:
-    """Check shapes, dtypes, devices, token-id range and (optionally) NaN/negative probabilities.
+    """Check shapes, dtypes, devices, token-id range and (``check_values``) NaN, infinite or negative probabilities.
+
+    The samplers check values themselves (the torch path over whole tensors, the kernels in the passes they make), so
+    they call this with ``check_values=False``.
 
     Raises:
         ValueError: naming the offending argument and what is allowed.
@@ -50,10 +56,8 @@ def validate_inputs(
         if draft_probs.device != target_probs.device:
             raise ValueError(f"draft_probs is on {draft_probs.device}, target_probs on {target_probs.device}")
     if check_values:
-        for name, t in (("target_probs", target_probs), ("draft_probs", draft_probs)):
-            # One reduction: the minimum is NaN when any entry is NaN, and NaN >= 0 is False.
-            if t is not None and t.numel() and not bool(t.amin() >= 0):
-                raise ValueError(f"{name} contains NaN or negative probabilities")
+        check_probabilities("target_probs", target_probs)
+        check_probabilities("draft_probs", draft_probs)
 
 
 def _resolve_backend(backend: str, device: torch.device) -> str:
@@ -107,10 +111,38 @@ def rejection_sample(
 ) -> torch.Tensor:
     """Verify draft tokens against the target distribution by rejection sampling (lossless).
 
+    Draft x_i is accepted with probability min(1, p/q) (p = target_probs[b, i, x_i], q = draft_probs[b, i, x_i]);
+    at the first rejection a recovered token is drawn from normalize(max(0, p_i - q_i)); when all k are accepted a
+    bonus token is drawn from target_probs[b, k]. Boundary rules (both backends, bit for bit when fed the same noise;
+    u ~ U[0, 1) is the accept uniform):
+
+    - Accept test: ``q > 0 and (p >= q or u * q < p)``, in float32, without a division.
+      p = 0: never accepted. u = 0: accepted iff p > 0. p = q (equal stored values): accepted for every u, including
+      u = 1 - 2^-24. p > q: always accepted. Without draft probabilities q is one-hot at the draft: ``u < p``.
+    - q = 0 (a draft its own distribution could not have proposed, e.g. outside the draft's top-k/top-p, or a
+      probability that underflowed): rejected, whatever p (as vLLM). The recovered distribution max(0, p - q) keeps
+      p(x) at x, so x can still be the recovered token when p(x) > 0; with p = q = 0 it never is.
+    - A -1 placeholder is rejected without indexing and ends the row's drafts: its position gets a bonus token, drawn
+      from p at that position (not from a residual).
+    - Recovered and bonus tokens are drawn by the exponential race argmax(d / E); entries with d = 0 score -1, so a
+      token of zero residual (or zero p for a bonus token) never wins, even if every d / E underflows. Hence no token
+      with p = 0 is ever emitted.
+    - An all-zero residual (p <= q everywhere: the rejection had probability 0 in exact arithmetic, e.g. p equals q up
+      to rounding and u is near 1) falls back to a draw from p: never NaN, never a zero-probability token.
+    - One-hot rows: where the target is one-hot at t, the row's token at that position is t whatever the draft and
+      the noise (a drafted t is accepted when q(t) > 0, otherwise rejected and recovered as t; any other draft has
+      p = 0 and is rejected, and t is the only token with residual or p above 0).
+    - Greedy rows: accept while x_i == argmax(p_i) (lowest index on ties) and p(x_i) > 0; emit the argmax.
+    - Half precision is compared in float32 after conversion: a value that underflowed to 0 (bfloat16 below about
+      9.2e-41, float16 below about 6e-8) is 0 and follows the p = 0 / q = 0 rules; subnormals stay positive.
+    - NaN, +inf, -inf or negative probabilities raise ValueError: on the torch path anywhere in either tensor; in the
+      kernels wherever a program reads them (flagged in the same pass over V). A target row the verifier has to
+      sample from that sums to zero raises ValueError on both paths.
+
     Args:
-        target_probs: [B, k+1, V] float32 (bfloat16/float16 accepted); each row a distribution; row k is the bonus
-            position.
-        draft_token_ids: [B, k] int64; -1 is a placeholder that is rejected without indexing.
+        target_probs: [B, k+1, V] float32 (bfloat16/float16 accepted); each row a distribution (unnormalised rows
+            are fine for the race; the accept test reads p as a probability); row k is the bonus position.
+        draft_token_ids: [B, k] int64; -1 is a placeholder (see above).
         draft_probs: [B, k, V] like ``target_probs``, or None for drafts without probabilities (n-gram, suffix): q is
             one-hot at the draft token, so x_i is accepted with probability p(x_i) and the recovered distribution is p
             with p(x_i) set to zero.
@@ -125,12 +157,13 @@ def rejection_sample(
         [B, k+1] int64 on the input device: accepted drafts, then the recovered or bonus token, then -1 padding.
 
     Raises:
-        ValueError: bad shapes, dtypes or devices, ids outside [0, V), unknown backend; on the torch path also NaN or
-            negative probabilities.
+        ValueError: bad shapes, dtypes or devices, ids outside [0, V), unknown backend; NaN, infinite or negative
+            probabilities; a sampled target row that sums to zero (messages from :mod:`spec_decode.verifier.checks`,
+            the same on both paths).
     """
     b, k1, v = target_probs.shape if target_probs.dim() == 3 else (0, 0, 0)
     which = _resolve_backend(backend, target_probs.device)
-    validate_inputs(target_probs, draft_token_ids, draft_probs, check_values=which == "torch")
+    validate_inputs(target_probs, draft_token_ids, draft_probs, check_values=False)
     seeds, greedy = _row_flags(b, seeds, is_greedy, target_probs.device)
     if which == "triton":
         from .kernels import rejection_triton
@@ -154,12 +187,22 @@ def typical_acceptance_sample(
     """Typical acceptance (Medusa; vLLM ``TypicalAcceptanceSampler``): fast, deterministic acceptance, NOT lossless.
 
     Draft x_i is accepted when p(x_i) > min(posterior_threshold, posterior_alpha * exp(-H(p_i))), H the entropy of
-    target_probs[i]. At the first rejection the argmax of target_probs[i] is emitted; if all k pass, the bonus token
-    is drawn from target_probs[k] (seeded like :func:`rejection_sample`; argmax for greedy rows).
+    target_probs[i]. At the first rejected draft the argmax of target_probs[i] is emitted; if all k pass, the bonus
+    token is drawn from target_probs[k] (seeded like :func:`rejection_sample`; argmax for greedy rows). Boundary
+    rules (both backends):
+
+    - The test is strict, so p(x) = 0 is never accepted; with epsilon = 0 or alpha = 0 every x with p(x) > 0 is.
+      H uses 0 log 0 = 0: a one-hot target has H = 0 and threshold min(epsilon, alpha).
+    - A -1 placeholder is rejected and ends the row's drafts: its position gets a bonus token (drawn from p).
+    - The bonus draw never picks a zero-probability token (its race score is -1); the argmax picks the lowest index
+      on ties.
+    - Greedy rows: accept while x_i == argmax(p_i) and p(x_i) > 0 (the argmax walk of :func:`rejection_sample`).
+    - NaN, infinite or negative probabilities, and a sampled row that sums to zero, raise ValueError as in
+      :func:`rejection_sample` (the kernel reads, and so checks, every position's row up to k-1 and the sampled one).
 
     Args:
         target_probs: [B, k+1, V] float32 (bfloat16/float16 accepted).
-        draft_token_ids: [B, k] int64 (-1 placeholders are rejected).
+        draft_token_ids: [B, k] int64 (-1 placeholders end the drafts).
         posterior_threshold: epsilon >= 0. posterior_alpha: delta >= 0.
         seeds, is_greedy, backend: as in :func:`rejection_sample`.
 
@@ -173,7 +216,7 @@ def typical_acceptance_sample(
         raise ValueError(f"posterior_threshold and posterior_alpha must be >= 0, got {posterior_threshold}, {posterior_alpha}")
     b, k1, v = target_probs.shape if target_probs.dim() == 3 else (0, 0, 0)
     which = _resolve_backend(backend, target_probs.device)
-    validate_inputs(target_probs, draft_token_ids, None, check_values=which == "torch")
+    validate_inputs(target_probs, draft_token_ids, None, check_values=False)
     seeds, greedy = _row_flags(b, seeds, is_greedy, target_probs.device)
     if which == "triton":
         from .kernels import typical_triton

@@ -3,7 +3,9 @@
 Both samplers take their randomness as explicit noise tensors, so the kernels (which draw the same kind of noise from
 Philox in-kernel, or read it from tensors in tests) can be checked for exact agreement:
 
-- ``uniform`` [B, k] float32 in [0, 1): the accept test of draft i is ``u[b, i] < min(1, p / q)``.
+- ``uniform`` [B, k] float32 in [0, 1): draft i is accepted with probability min(1, p / q), tested without a
+  division as ``q > 0 and (p >= q or u[b, i] * q < p)`` (so p == q accepts for every u < 1, bit for bit on every
+  device).
 - ``exponential`` [B, V] float32 > 0: a token is drawn from a distribution d by the exponential race
   ``argmax(d / E)`` (equivalent to sampling from normalize(d); gpt-fast, vLLM). One race per row suffices, since only
   one position of a row is ever sampled and the noise is independent of the accept decisions.
@@ -14,6 +16,8 @@ Every comparison is done in float32, as in the kernels.
 from __future__ import annotations
 
 import torch
+
+from .checks import check_probabilities, check_sampled_rows
 
 
 def _first_rejection(ok: torch.Tensor) -> torch.Tensor:
@@ -35,6 +39,27 @@ def _row_at(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return x[torch.arange(x.shape[0], device=x.device), idx]
 
 
+def _race(d: torch.Tensor, exponential: torch.Tensor) -> torch.Tensor:
+    """[B] int64: a draw from normalize(d) for each row of d [B, V] >= 0 by the exponential race argmax(d / E).
+
+    Entries with d == 0 rank below every other entry, so a zero-probability token never wins, even when every d / E
+    of a row underflows to 0 (then that row is raced again with its zero entries at -1, as the kernels score them)."""
+    score = d / exponential
+    best, token = score.max(dim=-1)  # ties: the lowest index, as torch.argmax and the kernels
+    if bool((best > 0).all()):  # each winner has d > 0
+        return token
+    return torch.argmax(torch.where(d > 0, score, torch.full_like(score, -1.0)), dim=-1)
+
+
+def _draft_at(draft_token_ids: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """[B] int64: the draft id at position n of each row, -1 where n == k (the bonus position)."""
+    k = draft_token_ids.shape[1]
+    if k == 0:
+        return torch.full_like(n, -1)
+    x = draft_token_ids.gather(1, n.clamp(max=k - 1)[:, None])[:, 0]
+    return torch.where(n < k, x, torch.full_like(n, -1))
+
+
 def rejection_torch(
     target_probs: torch.Tensor,
     draft_token_ids: torch.Tensor,
@@ -45,14 +70,24 @@ def rejection_torch(
 ) -> torch.Tensor:
     """Rejection sampling with explicit noise (Leviathan et al. 2023; vLLM ``RejectionSampler``).
 
+    The accept test and the recovered/bonus draw follow the boundary rules listed in
+    :func:`spec_decode.verifier.rejection.rejection_sample` (q(x) = 0 rejects; ``u * q < p`` or ``p >= q`` accepts;
+    a placeholder's token is a bonus token; an empty residual falls back to p; zero-probability tokens never win).
+
     Args:
         target_probs: [B, k+1, V] float. draft_token_ids: [B, k] int64 (-1 = placeholder, rejected).
         draft_probs: [B, k, V] or None (q one-hot at the draft token).
-        uniform: [B, k] float32. exponential: [B, V] float32 > 0. is_greedy: [B] bool.
+        uniform: [B, k] float32 in [0, 1). exponential: [B, V] float32 > 0. is_greedy: [B] bool.
 
     Returns:
         [B, k+1] int64: accepted drafts, the recovered or bonus token, -1 padding.
+
+    Raises:
+        ValueError: NaN, infinite or negative probabilities; a sampled target row that sums to zero
+            (:mod:`spec_decode.verifier.checks`).
     """
+    check_probabilities("target_probs", target_probs)
+    check_probabilities("draft_probs", draft_probs)
     tp = target_probs.float()
     b, k1, v = tp.shape
     k = k1 - 1
@@ -61,28 +96,28 @@ def rejection_torch(
     p_x = tp[:, :k].gather(-1, safe[..., None])[..., 0]  # [B, k]
     if draft_probs is not None:
         q_x = draft_probs.float().gather(-1, safe[..., None])[..., 0]
+        # Accept with probability min(1, p/q); q = 0 rejects (vLLM); no division, so p == q accepts for every u < 1.
+        ok_random = (q_x > 0) & ((p_x >= q_x) | (uniform * q_x < p_x))
     else:
-        q_x = torch.ones_like(p_x)
-    ok_random = (q_x <= 0) | (uniform < torch.clamp(p_x / q_x, max=1.0))
-    ok_greedy = ids == tp[:, :k].argmax(-1)
+        ok_random = uniform < p_x  # q one-hot at the draft token: accept with probability p(x)
+    ok_greedy = (ids == tp[:, :k].argmax(-1)) & (p_x > 0)
     ok = (ids >= 0) & torch.where(is_greedy[:, None], ok_greedy, ok_random)
     n = _first_rejection(ok)  # [B]
 
     p_n = _row_at(tp, n)  # [B, V]
-    has_draft = n < k
-    last = n.clamp(max=max(k - 1, 0))
+    check_sampled_rows(p_n)
+    x_n = _draft_at(ids, n)  # the rejected draft, or -1 at the bonus position or a placeholder
+    has_draft = x_n >= 0
     if draft_probs is not None and k:
-        q_n = _row_at(draft_probs.float(), last) * has_draft[:, None]
+        q_n = _row_at(draft_probs.float(), n.clamp(max=k - 1)) * has_draft[:, None]
         residual = torch.clamp(p_n - q_n, min=0.0)
     else:
-        residual = p_n.clone()
-        if k:
-            x_n = torch.where(has_draft, ids.gather(1, last[:, None])[:, 0], torch.full_like(n, -1))
-            zero = (torch.arange(v, device=tp.device)[None, :] == x_n[:, None])
-            residual = residual.masked_fill(zero, 0.0)
-    token_residual = torch.argmax(residual / exponential, dim=-1)
-    token_target = torch.argmax(p_n / exponential, dim=-1)  # p == q: the residual is empty, sample p (never NaN)
-    token = torch.where(residual.sum(-1) > 0, token_residual, token_target)
+        residual = p_n.masked_fill(torch.arange(v, device=tp.device)[None, :] == x_n[:, None], 0.0)
+    # An empty residual (p <= q everywhere: rejection had probability zero) falls back to p itself: never NaN.
+    empty = residual.sum(-1) <= 0
+    if bool(empty.any()):
+        residual = torch.where(empty[:, None], p_n, residual)
+    token = _race(residual, exponential)
     token = torch.where(is_greedy, p_n.argmax(-1), token)
     return _assemble(ids, n, token)
 
@@ -97,12 +132,17 @@ def typical_torch(
 ) -> torch.Tensor:
     """Typical acceptance with explicit noise (Medusa, Cai et al. 2024; vLLM ``TypicalAcceptanceSampler``).
 
-    Accept x_i when p(x_i) > min(epsilon, alpha * exp(-H(p_i))); at the first rejection emit argmax(p_i); if all pass,
-    the bonus token is drawn from target_probs[k] by the exponential race (argmax for greedy rows).
+    Accept x_i when p(x_i) > min(epsilon, alpha * exp(-H(p_i))) (strict: p(x_i) = 0 is never accepted); greedy rows
+    accept while x_i is the argmax. At the first rejected draft emit argmax(p_i); at the bonus position (or a -1
+    placeholder, which ends the row's drafts) draw from p by the exponential race (argmax for greedy rows).
 
     Returns:
         [B, k+1] int64 like :func:`rejection_torch`.
+
+    Raises:
+        ValueError: NaN, infinite or negative probabilities; a sampled target row that sums to zero.
     """
+    check_probabilities("target_probs", target_probs)
     tp = target_probs.float()
     b, k1, v = tp.shape
     k = k1 - 1
@@ -112,9 +152,11 @@ def typical_torch(
     entropy = -torch.where(p > 0, p * torch.log(p), torch.zeros_like(p)).sum(-1)  # [B, k]
     threshold = torch.clamp(posterior_alpha * torch.exp(-entropy), max=posterior_threshold)
     p_x = p.gather(-1, safe[..., None])[..., 0]
-    ok = (ids >= 0) & (p_x > threshold)
+    ok_greedy = (ids == p.argmax(-1)) & (p_x > 0)
+    ok = (ids >= 0) & torch.where(is_greedy[:, None], ok_greedy, p_x > threshold)
     n = _first_rejection(ok)
     p_n = _row_at(tp, n)
-    sampled = torch.argmax(p_n / exponential, dim=-1)
-    token = torch.where((n < k) | is_greedy, p_n.argmax(-1), sampled)
+    check_sampled_rows(p_n)
+    rejected_draft = _draft_at(ids, n) >= 0
+    token = torch.where(rejected_draft | is_greedy, p_n.argmax(-1), _race(p_n, exponential))
     return _assemble(ids, n, token)
