@@ -13,7 +13,7 @@ from .loop import StepInputs, StepResult
 from .proposers import Proposal
 from .request import ACCEPTANCE_METHODS
 from .sampling import mix_seed
-from .verifier import rejection_sample, typical_acceptance_sample
+from .verifier import check_typical_parameters, rejection_sample, typical_acceptance_sample
 
 
 @dataclass
@@ -27,7 +27,8 @@ class Verifier:
         backend: verifier backend ("auto": Triton kernels for CUDA tensors, torch on CPU).
 
     Raises:
-        ValueError: (at construction) an unknown method or negative typical parameters.
+        ValueError: (at construction) an unknown method, or typical parameters that are negative, NaN, infinite or
+            beyond float32.
     """
 
     acceptance_method: str = "rejection"
@@ -38,8 +39,7 @@ class Verifier:
     def __post_init__(self):
         if self.acceptance_method not in ACCEPTANCE_METHODS:
             raise ValueError(f"acceptance_method={self.acceptance_method!r}: allowed values are {', '.join(ACCEPTANCE_METHODS)}")
-        if self.typical_epsilon < 0 or self.typical_alpha < 0:
-            raise ValueError("typical_epsilon and typical_alpha must be >= 0")
+        check_typical_parameters(self.typical_epsilon, self.typical_alpha, ("typical_epsilon", "typical_alpha"))
 
     def verify(
         self,

@@ -241,15 +241,18 @@ def test_bfloat16_underflow_is_a_zero_probability(backend):
     assert reject(backend, tp, _ids([2]), dp, u=[U_MAX]).tolist() == [[2, 0]]
 
 
-def test_bfloat16_subnormals_stay_positive():
-    """Torch path only: Triton's interpreter (3.7) converts bfloat16 subnormals to 0 (its generic float converter),
-    while GPUs convert bfloat16 to float32 exactly; so the kernels' half of this runs on a GPU, not here."""
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bfloat16_subnormals_stay_positive(backend):
+    """The kernels widen bfloat16 by its bit pattern (exact, as GPUs do; Triton 3.7's interpreter would flush
+    subnormals to 0 in a plain .to(float32)), so subnormal probabilities keep their values on both paths."""
     tp, dp = _bf16_case()
-    assert reject("torch", tp, _ids([0]), dp, u=[0.25]).tolist() == [[0, 0]]  # 0.25 * q < p: accepted
-    assert reject("torch", tp, _ids([0]), dp, u=[0.5]).tolist() == [[1, -1]]  # 0.5 * q == p: rejected (strict)
+    assert reject(backend, tp, _ids([0]), dp, u=[0.25]).tolist() == [[0, 0]]  # 0.25 * q < p: accepted
+    assert reject(backend, tp, _ids([0]), dp, u=[0.5]).tolist() == [[1, -1]]  # 0.5 * q == p: rejected (strict)
     same = torch.tensor([[[2.0**-130, 0, 0, 0]]]).bfloat16()
     tp[0, 0] = same[0, 0]
-    assert reject("torch", tp, _ids([0]), same, u=[U_MAX]).tolist() == [[0, 0]]  # p == q subnormal: accepted
+    assert reject(backend, tp, _ids([0]), same, u=[U_MAX]).tolist() == [[0, 0]]  # p == q subnormal: accepted
+    tp[0, 0, 2] = -(2.0**-133)  # the smallest negative bfloat16 subnormal is still a negative probability
+    _both_raise(lambda b: reject(b, tp, _ids([2]), same, u=[0.0]), "target_probs contains NaN, infinite or negative")
 
 
 # --- typical acceptance ---------------------------------------------------------------------------------------------
@@ -271,6 +274,39 @@ def test_typical_one_hot_target_has_zero_entropy(backend):
     assert typical(backend, tp, _ids([6]), eps=0.09, alpha=0.3).tolist() == [[6, 6]]
     assert typical(backend, tp, _ids([6]), eps=1.5, alpha=2.0).tolist() == [[6, -1]]
     assert typical(backend, tp, _ids([3]), eps=0.0, alpha=0.0).tolist() == [[6, -1]]
+
+
+@pytest.mark.parametrize("n", list(range(2, 65)))
+def test_typical_decides_ties_with_the_threshold_alike_on_both_paths(n):
+    """A target uniform over n tokens with alpha = 1: threshold alpha * exp(-H) = 1/n, and p(x) is 1/n rounded to
+    float32. Both paths decide alike; an exact tie (n a power of two, 1/n exact) is rejected (then the argmax, 0);
+    alpha 1e-6 below or above 1 accepts or rejects every n."""
+    tp = torch.zeros(1, 2, 80)
+    tp[0, :, :n] = 1.0 / n
+    at_one = [typical(b, tp, _ids([0]), eps=1.0, alpha=1.0).tolist() for b in BACKENDS]
+    assert at_one[0] == at_one[1]
+    if n & (n - 1) == 0:
+        assert at_one[0] == [[0, -1]]
+    for backend in BACKENDS:
+        assert typical(backend, tp, _ids([0]), eps=1.0, alpha=1.0 - 1e-6).tolist() == [[0, 0]]
+        assert typical(backend, tp, _ids([0]), eps=1.0, alpha=1.0 + 1e-6).tolist() == [[0, -1]]
+
+
+def test_typical_paths_agree_when_alpha_puts_the_threshold_on_the_draft_probability():
+    """alpha = p(x) * exp(H) (float64, then float32): the threshold lands within float32 rounding of p(x), where the
+    two paths' float32 entropies (different summation orders) would disagree; both decide in float64 there."""
+    g = torch.Generator().manual_seed(17)
+    decisions = []
+    for case in range(40):
+        v = int(torch.randint(5, 3000, (1,), generator=g))
+        tp = torch.softmax(torch.randn(1, 2, v, generator=g) * 2, -1)
+        x = int(torch.randint(0, v, (1,), generator=g))
+        p64 = tp[0, 0].double()
+        alpha = float(p64[x] * torch.exp(-(p64 * torch.log(p64)).sum()))
+        outs = [typical(b, tp, _ids([x]), eps=1.0, alpha=alpha).tolist() for b in BACKENDS]
+        assert outs[0] == outs[1], (case, v, x, alpha, outs)
+        decisions.append(outs[0][0][1] >= 0)
+    assert 0 < sum(decisions) < len(decisions)  # the cases fall on both sides
 
 
 # --- invalid values: the kernels flag what they read, the caller raises the torch path's error ---------------------
@@ -344,3 +380,45 @@ def test_public_api_raises_on_both_backends():
             rejection_sample(tp, _ids([3]), None, seeds=torch.tensor([1]), backend=backend)
         with pytest.raises(ValueError, match="target_probs contains NaN"):
             typical_acceptance_sample(tp, _ids([3]), seeds=torch.tensor([1]), backend=backend)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, 1e39, True, "0.1"])
+def test_typical_parameters_outside_finite_float32_are_errors(bad):
+    tp = _uniform(1, 2, 8)
+    for backend in BACKENDS:
+        for kw in ({"posterior_threshold": bad}, {"posterior_alpha": bad}):
+            with pytest.raises(ValueError, match=rf"{next(iter(kw))}=.*allowed values are finite numbers in \[0, "):
+                typical_acceptance_sample(tp, _ids([1]), backend=backend, **kw)
+
+
+@pytest.mark.parametrize("arg", ["draft_token_ids", "draft_probs", "seeds", "is_greedy"])
+def test_non_tensor_arguments_are_value_errors_naming_them(arg):
+    kw = dict(target_probs=_uniform(1, 2, 8), draft_token_ids=_ids([1]), draft_probs=None, seeds=None, is_greedy=None)
+    kw[arg] = [[1]] if arg != "draft_probs" else [[[0.125] * 8]]
+    for backend in BACKENDS:
+        with pytest.raises(ValueError, match=arg):
+            rejection_sample(kw["target_probs"], kw["draft_token_ids"], kw["draft_probs"], seeds=kw["seeds"],
+                             is_greedy=kw["is_greedy"], backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_strided_seeds_and_greedy_flags_are_read_as_their_values(backend):
+    """A non-contiguous seeds view ([11, 22] with stride 2): row 1 draws with seed 22, as it does alone."""
+    g = torch.Generator().manual_seed(9)
+    tp = torch.softmax(torch.randn(2, 1, 64, generator=g), -1)
+    ids = torch.empty(2, 0, dtype=torch.int64)
+    seeds = torch.tensor([11, 0, 22, 0])[::2]
+    greedy = torch.tensor([False, True, False, True])[::2]
+    for fn in (rejection_sample, typical_acceptance_sample):
+        both = fn(tp, ids, seeds=seeds, is_greedy=greedy, backend=backend)
+        for row, seed in ((0, 11), (1, 22)):
+            alone = fn(tp[row:row + 1], ids[row:row + 1], seeds=torch.tensor([seed]), backend=backend)
+            assert torch.equal(both[row], alone[0]), (fn.__name__, row)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_vocabulary_of_one_token(backend):
+    tp = torch.ones(2, 2, 1)
+    out = reject(backend, tp, _ids([0], [-1]), torch.ones(2, 1, 1), u=torch.full((2, 1), U_MAX))
+    assert out.tolist() == [[0, 0], [0, -1]]
+    assert typical(backend, tp, _ids([0], [-1])).tolist() == [[0, 0], [0, -1]]

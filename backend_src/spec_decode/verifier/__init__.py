@@ -5,6 +5,6 @@ run the Triton kernels of :mod:`spec_decode.verifier.kernels`; CPU tensors the t
 :mod:`spec_decode.verifier.torch_impl`.
 """
 
-from .rejection import rejection_sample, typical_acceptance_sample, validate_inputs
+from .rejection import check_typical_parameters, rejection_sample, typical_acceptance_sample, validate_inputs
 
-__all__ = ["rejection_sample", "typical_acceptance_sample", "validate_inputs"]
+__all__ = ["check_typical_parameters", "rejection_sample", "typical_acceptance_sample", "validate_inputs"]

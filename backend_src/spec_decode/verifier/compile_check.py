@@ -2,7 +2,8 @@
 
 The interpreter (TRITON_INTERPRET=1) accepts constructs the compiler rejects (``break``, dtype-changing loop variables,
 ``if`` on a block), so CI also compiles each kernel ahead of time for sm_90 (H100/H200) with
-``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))``. Must run without TRITON_INTERPRET.
+``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))``, each in float32, bfloat16 and float16, and with
+K and V as the constexpr 1 that the JIT makes of an argument equal to 1. Must run without TRITON_INTERPRET.
 """
 
 from __future__ import annotations
@@ -33,6 +34,14 @@ def compile_all(arch: int = 90, block_v: int = 4096) -> list[str]:
             compiled = triton_compile(ASTSource(fn=fn, signature=s, constexprs=consts), target=target)
             assert compiled.asm.get("ptx"), "no PTX produced"
             done.append(f"{fn.__name__} {ptr_dtype} {consts} -> sm_{arch} ok")
+    # Triton's JIT turns an integer argument equal to 1 into a constexpr: k = 1 drafts, or a vocabulary of 1.
+    for fn, consts in (variants[0], variants[-1]):
+        for ones in ({"K": 1}, {"V": 1}, {"K": 1, "V": 1}):
+            c = {**consts, **ones}
+            sig = {a: ("constexpr" if a in c else _PTRS[a]) for a in fn.arg_names}
+            compiled = triton_compile(ASTSource(fn=fn, signature=sig, constexprs=c), target=target)
+            assert compiled.asm.get("ptx"), "no PTX produced"
+            done.append(f"{fn.__name__} fp32 {c} -> sm_{arch} ok")
     return done
 
 

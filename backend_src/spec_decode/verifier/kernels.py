@@ -37,6 +37,17 @@ def _argmax_tile_update(score, start, best_val, best_idx):
 
 
 @triton.jit
+def _f32(x):
+    """x widened to float32. bfloat16 is widened through its bit pattern (exact, subnormals included), which is what
+    the GPU's conversion does anyway; Triton 3.7's interpreter would flush bfloat16 subnormals to 0 in .to()."""
+    if x.dtype.is_bf16():
+        y = (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    else:
+        y = x.to(tl.float32)
+    return y
+
+
+@triton.jit
 def _invalid(x):
     """int32 1 where x is not a probability (NaN, +inf or negative), else 0; same shape as x."""
     return tl.where((x >= 0.0) & (x < float("inf")), 0, 1).to(tl.int32)
@@ -77,7 +88,7 @@ def rejection_kernel(
     (bits of :mod:`spec_decode.verifier.checks`: 1 a target value read was NaN/inf/negative, 2 a draft value,
     4 the sampled target row sums to zero)."""
     row = tl.program_id(0).to(tl.int64)
-    Vl = V.to(tl.int64)
+    Vl = V + tl.zeros((), dtype=tl.int64)  # int64 offsets (V may arrive as a constexpr: the JIT specializes 1)
     tp_row = tp_ptr + row * (K + 1) * Vl
     dp_row = dp_ptr + row * K * Vl
     ids_row = ids_ptr + row * K
@@ -93,7 +104,7 @@ def rejection_kernel(
         valid = x >= 0
         xs = tl.where(valid, x, 0)
         pos_ptr = tp_row + i * Vl
-        p = tl.load(pos_ptr + xs).to(tl.float32)
+        p = _f32(tl.load(pos_ptr + xs))
         bad_p = bad_p | _invalid(p)
         if greedy:
             g_val = -1.0
@@ -101,7 +112,7 @@ def rejection_kernel(
             for start in range(0, V, BLOCK_V):
                 offs = start + tl.arange(0, BLOCK_V).to(tl.int64)
                 m = offs < Vl
-                pv = tl.load(pos_ptr + offs, mask=m, other=0.0).to(tl.float32)
+                pv = _f32(tl.load(pos_ptr + offs, mask=m, other=0.0))
                 bad_p = bad_p | tl.max(_invalid(pv), axis=0)
                 g_val, g_idx = _argmax_tile_update(tl.where(m, pv, -1.0), start, g_val, g_idx)
             ok = (xs == g_idx) & (p > 0.0)
@@ -111,7 +122,7 @@ def rejection_kernel(
             else:
                 u = tl.rand(seed, tl.full((), i, dtype=tl.int32))
             if HAS_DRAFT_PROBS:
-                q = tl.load(dp_row + i * Vl + xs).to(tl.float32)
+                q = _f32(tl.load(dp_row + i * Vl + xs))
                 bad_q = bad_q | _invalid(q)
                 # accept with probability min(1, p/q); q = 0 rejects; no division: p == q accepts for every u < 1
                 ok = (q > 0.0) & ((p >= q) | (u * q < p))
@@ -136,10 +147,10 @@ def rejection_kernel(
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V).to(tl.int64)
         m = offs < Vl
-        p = tl.load(pos_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        p = _f32(tl.load(pos_ptr + offs, mask=m, other=0.0))
         bad_p = bad_p | tl.max(_invalid(p), axis=0)
         if HAS_DRAFT_PROBS:
-            q = tl.load(dp_row + n * Vl + offs, mask=m & has_draft, other=0.0).to(tl.float32)
+            q = _f32(tl.load(dp_row + n * Vl + offs, mask=m & has_draft, other=0.0))
             bad_q = bad_q | tl.max(_invalid(q), axis=0)
             residual = tl.maximum(p - q, 0.0)
         else:
@@ -157,6 +168,21 @@ def rejection_kernel(
 
 
 @triton.jit
+def _typical_above_float64(pos_ptr, p_x, V, Vl, posterior_threshold, posterior_alpha, BLOCK_V: tl.constexpr):
+    """Typical acceptance's test p(x) > min(eps, alpha * exp(-H)) with H and the threshold in float64; a p(x) above
+    the threshold by less than 2^-28 of it counts as a tie and is rejected (as ``torch_impl.typical_torch``)."""
+    neg_entropy = tl.zeros((), dtype=tl.float64)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V).to(tl.int64)
+        p = _f32(tl.load(pos_ptr + offs, mask=offs < Vl, other=0.0))
+        p64 = tl.where(p > 0.0, p, 1.0).to(tl.float64)
+        neg_entropy += tl.sum(tl.where(p > 0.0, p64 * tl.log(p64), 0.0), axis=0)
+    zero64 = tl.zeros((), dtype=tl.float64)  # widens the float32 parameters exactly
+    threshold = tl.minimum((posterior_alpha + zero64) * tl.exp(neg_entropy), posterior_threshold + zero64)
+    return (p_x.to(tl.float64) - threshold) > threshold * 3.725290298461914e-09  # 2^-28
+
+
+@triton.jit
 def typical_kernel(
     tp_ptr, ids_ptr, seeds_ptr, greedy_ptr, e_ptr, out_ptr, flags_ptr,
     K, V, posterior_threshold, posterior_alpha,
@@ -166,7 +192,7 @@ def typical_kernel(
     argmax); argmax at the first rejected draft; at the bonus position or a placeholder, a draw by the exponential
     race (argmax for greedy rows). flags [B] int32 as in :func:`rejection_kernel` (bits 1 and 4)."""
     row = tl.program_id(0).to(tl.int64)
-    Vl = V.to(tl.int64)
+    Vl = V + tl.zeros((), dtype=tl.int64)  # int64 offsets (V may arrive as a constexpr: the JIT specializes 1)
     tp_row = tp_ptr + row * (K + 1) * Vl
     ids_row = ids_ptr + row * K
     seed = tl.load(seeds_ptr + row)
@@ -186,13 +212,18 @@ def typical_kernel(
         for start in range(0, V, BLOCK_V):
             offs = start + tl.arange(0, BLOCK_V).to(tl.int64)
             m = offs < Vl
-            p = tl.load(pos_ptr + offs, mask=m, other=0.0).to(tl.float32)
+            p = _f32(tl.load(pos_ptr + offs, mask=m, other=0.0))
             bad_p = bad_p | tl.max(_invalid(p), axis=0)
             neg_entropy += tl.sum(tl.where(p > 0.0, p * tl.log(tl.where(p > 0.0, p, 1.0)), 0.0), axis=0)
             g_val, g_idx = _argmax_tile_update(tl.where(m, p, -1.0), start, g_val, g_idx)
         threshold = tl.minimum(posterior_alpha * tl.exp(neg_entropy), posterior_threshold)
-        p_x = tl.load(pos_ptr + xs).to(tl.float32)
-        ok = tl.where(greedy, (xs == g_idx) & (p_x > 0.0), p_x > threshold)
+        p_x = _f32(tl.load(pos_ptr + xs))
+        if tl.abs(p_x - threshold) <= threshold * 0.0009765625:  # 2^-10: far above float32's error in the threshold
+            # Near the threshold the float32 sum's rounding could decide: redo this row in float64 (rare).
+            above = _typical_above_float64(pos_ptr, p_x, V, Vl, posterior_threshold, posterior_alpha, BLOCK_V)
+        else:
+            above = p_x > threshold
+        ok = tl.where(greedy, (xs == g_idx) & (p_x > 0.0), above)
         accepting = accepting & valid & ok
         n += accepting.to(tl.int64)
 
@@ -207,7 +238,7 @@ def typical_kernel(
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V).to(tl.int64)
         m = offs < Vl
-        p = tl.load(pos_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        p = _f32(tl.load(pos_ptr + offs, mask=m, other=0.0))
         bad_p = bad_p | tl.max(_invalid(p), axis=0)
         e = _exponential(seed, e_row, offs, m, K, HAS_NOISE)
         p_val, p_idx = _argmax_tile_update(_race_score(p, e), start, p_val, p_idx)
@@ -216,6 +247,11 @@ def typical_kernel(
     token = tl.where((x_n >= 0) | greedy, g_idx, p_idx)
     _write_output(out_ptr + row * (K + 1), ids_row, n, token, K)
     tl.store(flags_ptr + row, bad_p + tl.where(p_sum > 0.0, 0, 4))
+
+
+def _as_float32(x: float) -> float:
+    """x rounded to float32, as a compiled kernel receives a Python float (the interpreter would keep all 64 bits)."""
+    return float(torch.tensor(x, dtype=torch.float32))
 
 
 def _block_v(v: int) -> int:
@@ -242,8 +278,9 @@ def rejection_triton(target_probs, draft_token_ids, draft_probs, seeds, is_greed
         u, e = (t.to(device=dev, dtype=torch.float32).contiguous() for t in noise)
     flags = torch.empty(b, dtype=torch.int32, device=dev)
     rejection_kernel[(b,)](
-        tp, dp, draft_token_ids.contiguous(), seeds.to(dev), is_greedy.to(device=dev, dtype=torch.int8), u, e, out,
-        flags, k1 - 1, v, HAS_DRAFT_PROBS=draft_probs is not None, HAS_NOISE=noise is not None, BLOCK_V=_block_v(v),
+        tp, dp, draft_token_ids.contiguous(), seeds.to(dev).contiguous(),
+        is_greedy.to(device=dev, dtype=torch.int8).contiguous(), u, e, out, flags, k1 - 1, v,
+        HAS_DRAFT_PROBS=draft_probs is not None, HAS_NOISE=noise is not None, BLOCK_V=_block_v(v),
     )
     raise_for_flags(flags)
     return out
@@ -263,9 +300,10 @@ def typical_triton(target_probs, draft_token_ids, posterior_threshold, posterior
     e = (exponential.to(device=dev, dtype=torch.float32).contiguous() if exponential is not None
          else torch.empty(1, dtype=torch.float32, device=dev))
     typical_kernel[(b,)](
-        target_probs.contiguous(), draft_token_ids.contiguous(), seeds.to(dev),
-        is_greedy.to(device=dev, dtype=torch.int8), e, out, flags, k1 - 1, v, float(posterior_threshold),
-        float(posterior_alpha), HAS_NOISE=exponential is not None, BLOCK_V=_block_v(v),
+        target_probs.contiguous(), draft_token_ids.contiguous(), seeds.to(dev).contiguous(),
+        is_greedy.to(device=dev, dtype=torch.int8).contiguous(), e, out, flags, k1 - 1, v,
+        _as_float32(posterior_threshold), _as_float32(posterior_alpha), HAS_NOISE=exponential is not None,
+        BLOCK_V=_block_v(v),
     )
     raise_for_flags(flags)
     return out

@@ -11,6 +11,7 @@ it is faster and NOT lossless.
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -20,6 +21,7 @@ from .checks import check_probabilities
 from .torch_impl import rejection_torch, typical_torch
 
 _UNIFORM, _RACE = 1, 2  # noise purposes mixed into a seeded row's generator seed
+_F32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def validate_inputs(
@@ -40,6 +42,8 @@ def validate_inputs(
     b, k1, v = target_probs.shape
     if k1 < 1 or v < 1:
         raise ValueError(f"target_probs must have k+1 >= 1 positions and V >= 1 tokens, got {tuple(target_probs.shape)}")
+    if not isinstance(draft_token_ids, torch.Tensor):
+        raise ValueError(f"draft_token_ids must be a [B, k] int64 tensor, got {type(draft_token_ids).__name__}")
     if draft_token_ids.dim() != 2 or tuple(draft_token_ids.shape) != (b, k1 - 1):
         raise ValueError(f"draft_token_ids must be [B, k] = [{b}, {k1 - 1}], got shape {tuple(draft_token_ids.shape)}")
     if draft_token_ids.dtype != torch.int64:
@@ -49,6 +53,8 @@ def validate_inputs(
     if draft_token_ids.numel() and (int(draft_token_ids.max()) >= v or int(draft_token_ids.min()) < -1):
         raise ValueError(f"draft_token_ids must lie in [0, {v}) (or be -1 for a placeholder)")
     if draft_probs is not None:
+        if not isinstance(draft_probs, torch.Tensor):
+            raise ValueError(f"draft_probs must be a [B, k, V] tensor or None, got {type(draft_probs).__name__}")
         if tuple(draft_probs.shape) != (b, k1 - 1, v):
             raise ValueError(f"draft_probs must be [B, k, V] = [{b}, {k1 - 1}, {v}], got {tuple(draft_probs.shape)}")
         if draft_probs.dtype != target_probs.dtype:
@@ -70,20 +76,39 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
+def _describe(x) -> str:
+    return f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+def check_typical_parameters(posterior_threshold: float, posterior_alpha: float,
+                             names: tuple[str, str] = ("posterior_threshold", "posterior_alpha")) -> None:
+    """Typical acceptance's epsilon and delta: finite numbers in [0, 3.4e38] (they are used as float32 values).
+
+    Args:
+        posterior_threshold, posterior_alpha: the values to check. names: how the error names them.
+
+    Raises:
+        ValueError: naming the parameter and the allowed range (negative, NaN, infinite or beyond float32).
+    """
+    for name, x in zip(names, (posterior_threshold, posterior_alpha)):
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or not 0 <= x <= _F32_MAX:
+            raise ValueError(f"{name}={x!r}: allowed values are finite numbers in [0, {_F32_MAX:.3g}]")
+
+
 def _row_flags(b: int, seeds, is_greedy, device) -> tuple[torch.Tensor, torch.Tensor]:
     """seeds [B] int64 (unseeded rows get a fresh random seed) and is_greedy [B] bool, on ``device``."""
     if seeds is None:
         seeds = torch.full((b,), -1, dtype=torch.int64)
-    if seeds.shape != (b,) or seeds.dtype != torch.int64:
-        raise ValueError(f"seeds must be an int64 tensor of shape [{b}], got {seeds.dtype} {tuple(seeds.shape)}")
+    if not isinstance(seeds, torch.Tensor) or seeds.shape != (b,) or seeds.dtype != torch.int64:
+        raise ValueError(f"seeds must be an int64 tensor of shape [{b}], got {_describe(seeds)}")
     seeds = seeds.to(device)
     unseeded = seeds < 0
     if bool(unseeded.any()):
         seeds = torch.where(unseeded, torch.randint(0, 2**62, (b,), device=device), seeds)
     if is_greedy is None:
         is_greedy = torch.zeros(b, dtype=torch.bool)
-    if is_greedy.shape != (b,):
-        raise ValueError(f"is_greedy must be a bool tensor of shape [{b}], got {tuple(is_greedy.shape)}")
+    if not isinstance(is_greedy, torch.Tensor) or is_greedy.shape != (b,):
+        raise ValueError(f"is_greedy must be a bool tensor of shape [{b}], got {_describe(is_greedy)}")
     return seeds, is_greedy.to(device=device, dtype=torch.bool)
 
 
@@ -193,6 +218,10 @@ def typical_acceptance_sample(
 
     - The test is strict, so p(x) = 0 is never accepted; with epsilon = 0 or alpha = 0 every x with p(x) > 0 is.
       H uses 0 log 0 = 0: a one-hot target has H = 0 and threshold min(epsilon, alpha).
+    - epsilon and alpha are used as float32 values. H and the threshold are computed in float32, and again in float64
+      for a p(x) within 2^-10 of the threshold; there a p(x) above the threshold by less than 2^-28 of it (below
+      float32's resolution: only exact ties, such as a uniform target with alpha = 1) counts as equal and is
+      rejected, so both paths decide ties alike despite their different summation orders.
     - A -1 placeholder is rejected and ends the row's drafts: its position gets a bonus token (drawn from p).
     - The bonus draw never picks a zero-probability token (its race score is -1); the argmax picks the lowest index
       on ties.
@@ -210,10 +239,10 @@ def typical_acceptance_sample(
         [B, k+1] int64: accepted drafts, the replacement or bonus token, -1 padding.
 
     Raises:
-        ValueError: as :func:`rejection_sample`, and negative epsilon or alpha.
+        ValueError: as :func:`rejection_sample`, and epsilon or alpha negative, NaN, infinite or beyond float32
+            (:func:`check_typical_parameters`).
     """
-    if posterior_threshold < 0 or posterior_alpha < 0:
-        raise ValueError(f"posterior_threshold and posterior_alpha must be >= 0, got {posterior_threshold}, {posterior_alpha}")
+    check_typical_parameters(posterior_threshold, posterior_alpha)
     b, k1, v = target_probs.shape if target_probs.dim() == 3 else (0, 0, 0)
     which = _resolve_backend(backend, target_probs.device)
     validate_inputs(target_probs, draft_token_ids, None, check_values=False)

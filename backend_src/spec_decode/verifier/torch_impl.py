@@ -19,6 +19,18 @@ import torch
 
 from .checks import check_probabilities, check_sampled_rows
 
+# Typical acceptance decides p(x) > threshold in float32 unless p(x) lies within NEAR_TIE (relative) of it, far above
+# the float32 threshold's rounding error (different summation orders on the two paths); there it recomputes H and the
+# threshold in float64, where a p(x) above the threshold by less than TIE of it counts as a tie and is rejected: below
+# float32's resolution, so only exact ties (a uniform target with alpha = 1) are affected, and both paths decide alike.
+NEAR_TIE = 2.0**-10
+TIE = 2.0**-28
+
+
+def _neg_entropy(p: torch.Tensor) -> torch.Tensor:
+    """sum(p log p) over the last dimension (0 log 0 = 0), in p's dtype."""
+    return torch.where(p > 0, p * torch.log(torch.where(p > 0, p, 1.0)), 0.0).sum(-1)
+
 
 def _first_rejection(ok: torch.Tensor) -> torch.Tensor:
     """[B, k] bool -> [B] int64 number of leading True values (accepted drafts)."""
@@ -132,9 +144,10 @@ def typical_torch(
 ) -> torch.Tensor:
     """Typical acceptance with explicit noise (Medusa, Cai et al. 2024; vLLM ``TypicalAcceptanceSampler``).
 
-    Accept x_i when p(x_i) > min(epsilon, alpha * exp(-H(p_i))) (strict: p(x_i) = 0 is never accepted); greedy rows
-    accept while x_i is the argmax. At the first rejected draft emit argmax(p_i); at the bonus position (or a -1
-    placeholder, which ends the row's drafts) draw from p by the exponential race (argmax for greedy rows).
+    Accept x_i when p(x_i) > min(epsilon, alpha * exp(-H(p_i))) (strict: p(x_i) = 0 is never accepted; decided in
+    float64 near the threshold, exact ties rejected: :data:`NEAR_TIE`, :data:`TIE`); greedy rows accept while x_i is
+    the argmax. At the first rejected draft emit argmax(p_i); at the bonus position (or a -1 placeholder, which ends
+    the row's drafts) draw from p by the exponential race (argmax for greedy rows).
 
     Returns:
         [B, k+1] int64 like :func:`rejection_torch`.
@@ -149,11 +162,16 @@ def typical_torch(
     ids = draft_token_ids
     safe = ids.clamp_min(0)
     p = tp[:, :k]
-    entropy = -torch.where(p > 0, p * torch.log(p), torch.zeros_like(p)).sum(-1)  # [B, k]
-    threshold = torch.clamp(posterior_alpha * torch.exp(-entropy), max=posterior_threshold)
+    eps, alpha = (float(torch.tensor(x, dtype=torch.float32)) for x in (posterior_threshold, posterior_alpha))
     p_x = p.gather(-1, safe[..., None])[..., 0]
+    threshold = torch.clamp(alpha * torch.exp(_neg_entropy(p)), max=eps)  # [B, k] float32
+    above = p_x > threshold
+    near = (p_x - threshold).abs() <= threshold * NEAR_TIE
+    if bool(near.any()):  # rare: decide these in float64, where only exact ties remain (as the kernel does)
+        t64 = torch.clamp(alpha * torch.exp(_neg_entropy(p[near].double())), max=eps)
+        above[near] = (p_x[near].double() - t64) > t64 * TIE
     ok_greedy = (ids == p.argmax(-1)) & (p_x > 0)
-    ok = (ids >= 0) & torch.where(is_greedy[:, None], ok_greedy, p_x > threshold)
+    ok = (ids >= 0) & torch.where(is_greedy[:, None], ok_greedy, above)
     n = _first_rejection(ok)
     p_n = _row_at(tp, n)
     check_sampled_rows(p_n)
