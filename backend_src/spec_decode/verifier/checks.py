@@ -3,7 +3,11 @@
 The torch path checks whole tensors before sampling (:func:`check_probabilities`, one ``aminmax`` pass per tensor)
 and the sampled row after choosing it (:func:`check_sampled_rows`). The Triton kernels check every value they read
 in the passes they already make over V and report per-row bit flags (:data:`BAD_TARGET`, :data:`BAD_DRAFT`,
-:data:`ZERO_TARGET_ROW`), which :func:`raise_for_flags` turns into the same errors.
+:data:`ZERO_TARGET_ROW`), which :func:`raise_for_flags` turns into the same errors. The kernels check only what they
+read, so for one input they may name fewer rows than the torch path, name the draft where the torch path names the
+target (which it checks first), report a zero row where the torch path first reports an invalid value elsewhere, or
+raise nothing when the bad value lies where no program reads it (after a row's first rejection), where it cannot
+change the output.
 """
 
 from __future__ import annotations
