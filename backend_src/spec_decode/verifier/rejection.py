@@ -158,8 +158,9 @@ def rejection_sample(
       the noise (a drafted t is accepted when q(t) > 0, otherwise rejected and recovered as t; any other draft has
       p = 0 and is rejected, and t is the only token with residual or p above 0).
     - Greedy rows: accept while x_i == argmax(p_i) (lowest index on ties) and p(x_i) > 0; emit the argmax.
-    - Half precision is compared in float32 after conversion: a value that underflowed to 0 (bfloat16 below about
-      9.2e-41, float16 below about 6e-8) is 0 and follows the p = 0 / q = 0 rules; subnormals stay positive.
+    - Half precision is compared in float32 after exact conversion: a value that underflowed to 0 when it was stored
+      (below half the smallest subnormal: about 4.6e-41 in bfloat16, 3e-8 in float16) is 0 and follows the p = 0 /
+      q = 0 rules; subnormals stay positive.
     - NaN, +inf, -inf or negative probabilities raise ValueError: on the torch path anywhere in either tensor; in the
       kernels wherever a program reads them (flagged in the same pass over V). A target row the verifier has to
       sample from that sums to zero raises ValueError on both paths.
