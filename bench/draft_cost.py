@@ -1,4 +1,5 @@
-"""Draft cost against target cost, per token, in one process (the ``c`` of the speed-up formula in ALGORITHMS.md).
+"""Draft cost against target cost, per token, in one process (the ``c`` of Leviathan et al. 2023's
+speed-up (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1))).
 
 Times, with the KV caches the server uses (:class:`spec_decode.kv_cache.CachedCausalLM`) on held-out HumanEval
 prompts: one decode token of the draft, one decode token of the target, a whole draft proposal of k tokens

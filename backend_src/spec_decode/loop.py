@@ -1,8 +1,8 @@
 """The generation loop: one speculative step at a time until a stop condition, with per-step streaming chunks.
 
-One loop, two transports (DESIGN.md): :class:`Generation` is a small state machine with no I/O. A driver asks it for
-the next step's inputs (:meth:`Generation.next_step`), runs the step (in process with :class:`LocalStep`, or over Triton
-by BLS to the ``spec_step`` ensemble in ``generate``'s ``model.py``), and hands the step's tokens back
+One loop, two transports (README, "How it works"): :class:`Generation` is a small state machine with no I/O. A driver
+asks it for the next step's inputs (:meth:`Generation.next_step`), runs the step (in process with :class:`LocalStep`,
+or over Triton by BLS to the ``spec_step`` ensemble in ``generate``'s ``model.py``), and hands the step's tokens back
 (:meth:`Generation.commit`), which applies the stop conditions and returns the text and ids to stream.
 
 Stops: EOS (the tokenizer's and the model's generation config) or ``end_id`` (not emitted), a stop word (text is cut
@@ -22,7 +22,7 @@ from .sampling import SamplingParams
 
 @dataclass
 class StepInputs:
-    """What one speculative step needs (the spec_step protocol of DESIGN.md).
+    """What one speculative step needs (the spec_step protocol: README, "How it works").
 
     Attributes:
         seq_id: sequence id (uint64), unique per request.

@@ -4,7 +4,7 @@
 127.0.0.1 with HTTP_PORT, GRPC_PORT and METRICS_PORT (defaults 8000, 8001, 8002), waits until every model is READY,
 prints the ports and a client command, and serves until interrupted. Tests use :class:`TritonServer` on free ports.
 
-The embedded server follows RECIPES.md: tritonserver 2.51 from ``nvidia-pytriton==0.7.0`` laid out once under the cache
+The embedded server is tritonserver 2.51 from ``nvidia-pytriton==0.7.0`` laid out once under the cache
 (``bin``, ``backends``, ``caches`` and the Python 3.11 backend stub), run with its bundled libraries on
 LD_LIBRARY_PATH and the virtual environment first on PATH so the stub imports the venv's packages.
 """
@@ -47,7 +47,7 @@ def _pytriton_root() -> Path:
 
 
 def embedded_server_dir() -> Path:
-    """Lay out the embedded tritonserver once (RECIPES.md) and return its folder."""
+    """Lay out the embedded tritonserver once and return its folder."""
     root = _pytriton_root() / "tritonserver"
     dest = cache_dir() / f"tritonserver-py{sys.version_info.major}.{sys.version_info.minor}"
     stub = root / "python_backend_stubs" / f"{sys.version_info.major}.{sys.version_info.minor}" / "triton_python_backend_stub"

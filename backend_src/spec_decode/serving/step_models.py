@@ -1,7 +1,7 @@
 """Backends of the three models of the ``spec_step`` ensemble: draft_model, target_model, verifier.
 
-Each takes the step protocol's inputs (DESIGN.md: sequence id, committed token ids, k, method, sampling parameters,
-seed and step, release flag) as numpy arrays (or torch tensors on GPU) and returns its outputs. A ``release`` request
+Each takes the step protocol's inputs (README, "How it works": sequence id, committed token ids, k, method, sampling
+parameters, seed and step, release flag) as numpy arrays (or torch tensors on GPU) and returns its outputs. A ``release`` request
 frees the sequence's caches and returns empty outputs, which flow through the ensemble to an empty result.
 """
 
