@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from .checks import raise_for_flags
+from .torch_impl import as_float32
 
 
 @triton.jit
@@ -57,6 +58,70 @@ def _invalid(x):
 def _race_score(d, e):
     """Exponential-race score d / e, and -1 where d is 0 (or a masked lane): a zero-probability token never wins."""
     return tl.where(d > 0.0, d / e, -1.0)
+
+
+@triton.jit
+def _load_tile(row_ptr, start, Vl, BLOCK_V: tl.constexpr):
+    """The tile [start, start + BLOCK_V) of a [V] probability row: (int64 offsets, in-range mask, float32 values with
+    0 outside V, int32 1 if any value is NaN/inf/negative)."""
+    offs = start + tl.arange(0, BLOCK_V).to(tl.int64)
+    m = offs < Vl
+    p = _f32(tl.load(row_ptr + offs, mask=m, other=0.0))
+    return offs, m, p, tl.max(_invalid(p), axis=0)
+
+
+@triton.jit
+def _scan_row(pos_ptr, V, Vl, BLOCK_V: tl.constexpr, WITH_ENTROPY: tl.constexpr):
+    """One tiled pass over a [V] probability row: (argmax (lowest index on ties), sum(p log p) in float32 when
+    WITH_ENTROPY else 0, int32 1 if any value is NaN/inf/negative)."""
+    g_val = -1.0
+    g_idx = tl.zeros((), dtype=tl.int64)
+    neg_entropy = 0.0
+    bad = tl.zeros((), dtype=tl.int32)
+    for start in range(0, V, BLOCK_V):
+        offs, m, p, bad_tile = _load_tile(pos_ptr, start, Vl, BLOCK_V)
+        bad = bad | bad_tile
+        if WITH_ENTROPY:
+            neg_entropy += tl.sum(tl.where(p > 0.0, p * tl.log(tl.where(p > 0.0, p, 1.0)), 0.0), axis=0)
+        g_val, g_idx = _argmax_tile_update(tl.where(m, p, -1.0), start, g_val, g_idx)
+    return g_idx, neg_entropy, bad
+
+
+@triton.jit
+def _sample_pass(p_ptr, q_ptr, x_n, seed, e_row_ptr, K, V, Vl, WITH_RESIDUAL: tl.constexpr,
+                 HAS_DRAFT_PROBS: tl.constexpr, HAS_NOISE: tl.constexpr, BLOCK_V: tl.constexpr):
+    """One tiled pass over the target row p [V] at the position a row samples from (and, with HAS_DRAFT_PROBS, the
+    draft row q [V] there, read only when x_n >= 0). Returns (drawn, argmax, sum of p, bad p, bad q): drawn races the
+    residual max(0, p - q) (without draft probabilities: p with x_n zeroed) when WITH_RESIDUAL and that residual is not
+    empty, else p itself; the bad flags are int32 1 if a value read was NaN/inf/negative."""
+    res_val = -1.0
+    res_idx = tl.zeros((), dtype=tl.int64)
+    p_val = -1.0
+    p_idx = tl.zeros((), dtype=tl.int64)
+    g_val = -1.0
+    g_idx = tl.zeros((), dtype=tl.int64)
+    res_sum = 0.0
+    p_sum = 0.0
+    bad_p = tl.zeros((), dtype=tl.int32)
+    bad_q = tl.zeros((), dtype=tl.int32)
+    for start in range(0, V, BLOCK_V):
+        offs, m, p, bad_tile = _load_tile(p_ptr, start, Vl, BLOCK_V)
+        bad_p = bad_p | bad_tile
+        e = _exponential(seed, e_row_ptr, offs, m, K, HAS_NOISE)
+        if WITH_RESIDUAL:
+            if HAS_DRAFT_PROBS:
+                q = _f32(tl.load(q_ptr + offs, mask=m & (x_n >= 0), other=0.0))
+                bad_q = bad_q | tl.max(_invalid(q), axis=0)
+                residual = tl.maximum(p - q, 0.0)
+            else:
+                residual = tl.where(offs == x_n, 0.0, p)
+            res_val, res_idx = _argmax_tile_update(_race_score(residual, e), start, res_val, res_idx)
+            res_sum += tl.sum(residual, axis=0)
+        p_val, p_idx = _argmax_tile_update(_race_score(p, e), start, p_val, p_idx)
+        g_val, g_idx = _argmax_tile_update(tl.where(m, p, -1.0), start, g_val, g_idx)
+        p_sum += tl.sum(p, axis=0)
+    drawn = tl.where(res_sum > 0.0, res_idx, p_idx)  # an empty residual falls back to p
+    return drawn, g_idx, p_sum, bad_p, bad_q
 
 
 @triton.jit
@@ -107,14 +172,8 @@ def rejection_kernel(
         p = _f32(tl.load(pos_ptr + xs))
         bad_p = bad_p | _invalid(p)
         if greedy:
-            g_val = -1.0
-            g_idx = tl.zeros((), dtype=tl.int64)
-            for start in range(0, V, BLOCK_V):
-                offs = start + tl.arange(0, BLOCK_V).to(tl.int64)
-                m = offs < Vl
-                pv = _f32(tl.load(pos_ptr + offs, mask=m, other=0.0))
-                bad_p = bad_p | tl.max(_invalid(pv), axis=0)
-                g_val, g_idx = _argmax_tile_update(tl.where(m, pv, -1.0), start, g_val, g_idx)
+            g_idx, _, bad = _scan_row(pos_ptr, V, Vl, BLOCK_V, False)
+            bad_p = bad_p | bad
             ok = (xs == g_idx) & (p > 0.0)
         else:
             if HAS_NOISE:
@@ -133,35 +192,11 @@ def rejection_kernel(
 
     # One pass over V at position n: recovered (a rejected draft at n) or bonus (n == K, or a placeholder at n) token.
     x_n = tl.load(ids_row + n, mask=n < K, other=-1)
-    has_draft = x_n >= 0
-    pos_ptr = tp_row + n * Vl
-    e_row = e_ptr + row * Vl
-    res_val = -1.0
-    res_idx = tl.zeros((), dtype=tl.int64)
-    p_val = -1.0
-    p_idx = tl.zeros((), dtype=tl.int64)
-    g_val = -1.0
-    g_idx = tl.zeros((), dtype=tl.int64)
-    res_sum = 0.0
-    p_sum = 0.0
-    for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V).to(tl.int64)
-        m = offs < Vl
-        p = _f32(tl.load(pos_ptr + offs, mask=m, other=0.0))
-        bad_p = bad_p | tl.max(_invalid(p), axis=0)
-        if HAS_DRAFT_PROBS:
-            q = _f32(tl.load(dp_row + n * Vl + offs, mask=m & has_draft, other=0.0))
-            bad_q = bad_q | tl.max(_invalid(q), axis=0)
-            residual = tl.maximum(p - q, 0.0)
-        else:
-            residual = tl.where(offs == x_n, 0.0, p)
-        e = _exponential(seed, e_row, offs, m, K, HAS_NOISE)
-        res_val, res_idx = _argmax_tile_update(_race_score(residual, e), start, res_val, res_idx)
-        p_val, p_idx = _argmax_tile_update(_race_score(p, e), start, p_val, p_idx)
-        g_val, g_idx = _argmax_tile_update(tl.where(m, p, -1.0), start, g_val, g_idx)
-        res_sum += tl.sum(residual, axis=0)
-        p_sum += tl.sum(p, axis=0)
-    token = tl.where(res_sum > 0.0, res_idx, p_idx)  # an empty residual falls back to p
+    token, g_idx, p_sum, bad, bad_n = _sample_pass(
+        tp_row + n * Vl, dp_row + n * Vl, x_n, seed, e_ptr + row * Vl, K, V, Vl, True, HAS_DRAFT_PROBS, HAS_NOISE,
+        BLOCK_V)
+    bad_p = bad_p | bad
+    bad_q = bad_q | bad_n
     token = tl.where(greedy, g_idx, token)
     _write_output(out_ptr + row * (K + 1), ids_row, n, token, K)
     tl.store(flags_ptr + row, bad_p + 2 * bad_q + tl.where(p_sum > 0.0, 0, 4))
@@ -173,8 +208,7 @@ def _typical_above_float64(pos_ptr, p_x, V, Vl, posterior_threshold, posterior_a
     the threshold by less than 2^-28 of it counts as a tie and is rejected (as ``torch_impl.typical_torch``)."""
     neg_entropy = tl.zeros((), dtype=tl.float64)
     for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V).to(tl.int64)
-        p = _f32(tl.load(pos_ptr + offs, mask=offs < Vl, other=0.0))
+        _, _, p, _ = _load_tile(pos_ptr, start, Vl, BLOCK_V)
         p64 = tl.where(p > 0.0, p, 1.0).to(tl.float64)
         neg_entropy += tl.sum(tl.where(p > 0.0, p64 * tl.log(p64), 0.0), axis=0)
     zero64 = tl.zeros((), dtype=tl.float64)  # widens the float32 parameters exactly
@@ -206,16 +240,8 @@ def typical_kernel(
         valid = x >= 0
         xs = tl.where(valid, x, 0)
         pos_ptr = tp_row + i * Vl
-        neg_entropy = 0.0
-        g_val = -1.0
-        g_idx = tl.zeros((), dtype=tl.int64)
-        for start in range(0, V, BLOCK_V):
-            offs = start + tl.arange(0, BLOCK_V).to(tl.int64)
-            m = offs < Vl
-            p = _f32(tl.load(pos_ptr + offs, mask=m, other=0.0))
-            bad_p = bad_p | tl.max(_invalid(p), axis=0)
-            neg_entropy += tl.sum(tl.where(p > 0.0, p * tl.log(tl.where(p > 0.0, p, 1.0)), 0.0), axis=0)
-            g_val, g_idx = _argmax_tile_update(tl.where(m, p, -1.0), start, g_val, g_idx)
+        g_idx, neg_entropy, bad = _scan_row(pos_ptr, V, Vl, BLOCK_V, True)
+        bad_p = bad_p | bad
         threshold = tl.minimum(posterior_alpha * tl.exp(neg_entropy), posterior_threshold)
         p_x = _f32(tl.load(pos_ptr + xs))
         if tl.abs(p_x - threshold) <= threshold * 0.0009765625:  # 2^-10: far above float32's error in the threshold
@@ -228,30 +254,12 @@ def typical_kernel(
         n += accepting.to(tl.int64)
 
     x_n = tl.load(ids_row + n, mask=n < K, other=-1)
-    pos_ptr = tp_row + n * Vl
-    e_row = e_ptr + row * Vl
-    p_val = -1.0
-    p_idx = tl.zeros((), dtype=tl.int64)
-    g_val = -1.0
-    g_idx = tl.zeros((), dtype=tl.int64)
-    p_sum = 0.0
-    for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V).to(tl.int64)
-        m = offs < Vl
-        p = _f32(tl.load(pos_ptr + offs, mask=m, other=0.0))
-        bad_p = bad_p | tl.max(_invalid(p), axis=0)
-        e = _exponential(seed, e_row, offs, m, K, HAS_NOISE)
-        p_val, p_idx = _argmax_tile_update(_race_score(p, e), start, p_val, p_idx)
-        g_val, g_idx = _argmax_tile_update(tl.where(m, p, -1.0), start, g_val, g_idx)
-        p_sum += tl.sum(p, axis=0)
-    token = tl.where((x_n >= 0) | greedy, g_idx, p_idx)
+    drawn, g_idx, p_sum, bad, _ = _sample_pass(
+        tp_row + n * Vl, tp_row, x_n, seed, e_ptr + row * Vl, K, V, Vl, False, False, HAS_NOISE, BLOCK_V)
+    bad_p = bad_p | bad
+    token = tl.where((x_n >= 0) | greedy, g_idx, drawn)
     _write_output(out_ptr + row * (K + 1), ids_row, n, token, K)
     tl.store(flags_ptr + row, bad_p + tl.where(p_sum > 0.0, 0, 4))
-
-
-def _as_float32(x: float) -> float:
-    """x rounded to float32, as a compiled kernel receives a Python float (the interpreter would keep all 64 bits)."""
-    return float(torch.tensor(x, dtype=torch.float32))
 
 
 def _block_v(v: int) -> int:
@@ -302,7 +310,7 @@ def typical_triton(target_probs, draft_token_ids, posterior_threshold, posterior
     typical_kernel[(b,)](
         target_probs.contiguous(), draft_token_ids.contiguous(), seeds.to(dev).contiguous(),
         is_greedy.to(device=dev, dtype=torch.int8).contiguous(), e, out, flags, k1 - 1, v,
-        _as_float32(posterior_threshold), _as_float32(posterior_alpha), HAS_NOISE=exponential is not None,
+        as_float32(posterior_threshold), as_float32(posterior_alpha), HAS_NOISE=exponential is not None,
         BLOCK_V=_block_v(v),
     )
     raise_for_flags(flags)

@@ -17,7 +17,6 @@ import os
 import torch
 
 from ..sampling import generator_for
-from .checks import check_probabilities
 from .torch_impl import rejection_torch, typical_torch
 
 _UNIFORM, _RACE = 1, 2  # noise purposes mixed into a seeded row's generator seed
@@ -25,12 +24,12 @@ _F32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def validate_inputs(
-    target_probs: torch.Tensor, draft_token_ids: torch.Tensor, draft_probs: torch.Tensor | None, check_values: bool
+    target_probs: torch.Tensor, draft_token_ids: torch.Tensor, draft_probs: torch.Tensor | None
 ) -> None:
-    """Check shapes, dtypes, devices, token-id range and (``check_values``) NaN, infinite or negative probabilities.
+    """Check types, shapes, dtypes, devices and the token-id range.
 
-    The samplers check values themselves (the torch path over whole tensors, the kernels in the passes they make), so
-    they call this with ``check_values=False``.
+    Probability values (NaN, infinite, negative) are checked by the samplers themselves: the torch path over whole
+    tensors, the kernels in the passes they make (:mod:`spec_decode.verifier.checks`).
 
     Raises:
         ValueError: naming the offending argument and what is allowed.
@@ -61,9 +60,6 @@ def validate_inputs(
             raise ValueError(f"draft_probs dtype {draft_probs.dtype} differs from target_probs {target_probs.dtype}")
         if draft_probs.device != target_probs.device:
             raise ValueError(f"draft_probs is on {draft_probs.device}, target_probs on {target_probs.device}")
-    if check_values:
-        check_probabilities("target_probs", target_probs)
-        check_probabilities("draft_probs", draft_probs)
 
 
 def _resolve_backend(backend: str, device: torch.device) -> str:
@@ -189,7 +185,7 @@ def rejection_sample(
     """
     b, k1, v = target_probs.shape if target_probs.dim() == 3 else (0, 0, 0)
     which = _resolve_backend(backend, target_probs.device)
-    validate_inputs(target_probs, draft_token_ids, draft_probs, check_values=False)
+    validate_inputs(target_probs, draft_token_ids, draft_probs)
     seeds, greedy = _row_flags(b, seeds, is_greedy, target_probs.device)
     if which == "triton":
         from .kernels import rejection_triton
@@ -246,7 +242,7 @@ def typical_acceptance_sample(
     check_typical_parameters(posterior_threshold, posterior_alpha)
     b, k1, v = target_probs.shape if target_probs.dim() == 3 else (0, 0, 0)
     which = _resolve_backend(backend, target_probs.device)
-    validate_inputs(target_probs, draft_token_ids, None, check_values=False)
+    validate_inputs(target_probs, draft_token_ids, None)
     seeds, greedy = _row_flags(b, seeds, is_greedy, target_probs.device)
     if which == "triton":
         from .kernels import typical_triton

@@ -27,6 +27,12 @@ NEAR_TIE = 2.0**-10
 TIE = 2.0**-28
 
 
+def as_float32(x: float) -> float:
+    """x rounded to float32: how typical acceptance's epsilon and alpha are used on both paths (a compiled kernel
+    receives a Python float as fp32; the interpreter would keep all 64 bits, so the launcher rounds first)."""
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
 def _neg_entropy(p: torch.Tensor) -> torch.Tensor:
     """sum(p log p) over the last dimension (0 log 0 = 0), in p's dtype."""
     return torch.where(p > 0, p * torch.log(torch.where(p > 0, p, 1.0)), 0.0).sum(-1)
@@ -49,6 +55,12 @@ def _assemble(draft_token_ids: torch.Tensor, n: torch.Tensor, token: torch.Tenso
 def _row_at(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """x [B, T, V], idx [B] -> x[b, idx[b]] as [B, V]."""
     return x[torch.arange(x.shape[0], device=x.device), idx]
+
+
+def _greedy_accepts(p: torch.Tensor, ids: torch.Tensor, p_x: torch.Tensor) -> torch.Tensor:
+    """[B, k] bool: greedy rows accept x_i while it is the argmax of p_i (p [B, k, V]; lowest index on ties) and
+    p(x_i) = p_x > 0 (an all-zero row accepts nothing)."""
+    return (ids == p.argmax(-1)) & (p_x > 0)
 
 
 def _race(d: torch.Tensor, exponential: torch.Tensor) -> torch.Tensor:
@@ -112,8 +124,7 @@ def rejection_torch(
         ok_random = (q_x > 0) & ((p_x >= q_x) | (uniform * q_x < p_x))
     else:
         ok_random = uniform < p_x  # q one-hot at the draft token: accept with probability p(x)
-    ok_greedy = (ids == tp[:, :k].argmax(-1)) & (p_x > 0)
-    ok = (ids >= 0) & torch.where(is_greedy[:, None], ok_greedy, ok_random)
+    ok = (ids >= 0) & torch.where(is_greedy[:, None], _greedy_accepts(tp[:, :k], ids, p_x), ok_random)
     n = _first_rejection(ok)  # [B]
 
     p_n = _row_at(tp, n)  # [B, V]
@@ -162,7 +173,7 @@ def typical_torch(
     ids = draft_token_ids
     safe = ids.clamp_min(0)
     p = tp[:, :k]
-    eps, alpha = (float(torch.tensor(x, dtype=torch.float32)) for x in (posterior_threshold, posterior_alpha))
+    eps, alpha = as_float32(posterior_threshold), as_float32(posterior_alpha)
     p_x = p.gather(-1, safe[..., None])[..., 0]
     threshold = torch.clamp(alpha * torch.exp(_neg_entropy(p)), max=eps)  # [B, k] float32
     above = p_x > threshold
@@ -170,8 +181,7 @@ def typical_torch(
     if bool(near.any()):  # rare: decide these in float64, where only exact ties remain (as the kernel does)
         t64 = torch.clamp(alpha * torch.exp(_neg_entropy(p[near].double())), max=eps)
         above[near] = (p_x[near].double() - t64) > t64 * TIE
-    ok_greedy = (ids == p.argmax(-1)) & (p_x > 0)
-    ok = (ids >= 0) & torch.where(is_greedy[:, None], ok_greedy, above)
+    ok = (ids >= 0) & torch.where(is_greedy[:, None], _greedy_accepts(p, ids, p_x), above)
     n = _first_rejection(ok)
     p_n = _row_at(tp, n)
     check_sampled_rows(p_n)
