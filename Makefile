@@ -1,9 +1,10 @@
 # make serve  - set everything up (first time) and serve the model repository on the embedded default model
-# make draft  - distil the default draft model from the target (~13 min on 2 cores; cached under ~/.cache/spec_decode)
+# make draft  - distil the draft LM from the target (~13 min on 2 cores; cached under ~/.cache/spec_decode; served when present)
 # make test   - set everything up (first time) and run the test suite (unit + integration against a real tritonserver)
 # make bench  - the serving suite (perf_analyzer and genai-perf at concurrency 1-8 per method, disable_by_batch_size,
 #               in-process transformers generate / prompt lookup / assisted generation; JSON + PNG + goals), a repeated
-#               HumanEval workload (two passes) through a fresh server per method, the draft's cost, suffix decoding's
+#               HumanEval workload (two passes) through a fresh server per method with the speed goals, the forward
+#               cost against new positions (target and draft LM, with the roofline), the draft's cost, suffix decoding's
 #               cache at 10,000 cached responses, then the verifier (torch here; Triton kernels where CUDA is available)
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -21,10 +22,9 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml scripts/setup.
 
 setup: $(STAMP)
 
-# The distilled draft is built on first use (~13 min, progress shown; SKIP_DRAFT=1 skips it). If it is missing the
-# server serves the model-free proposers (ngram, suffix, hybrid over n-gram).
+# Serving trains nothing: the draft LM is built by `make draft` and served when it exists; without it the server
+# serves the model-free proposers (ngram, suffix, hybrid over n-gram).
 serve: $(STAMP)
-	@if [ -z "$$SKIP_DRAFT" ]; then $(PY) -m spec_decode.train_draft --if-missing || echo ">> draft training failed: serving without a draft LM"; fi
 	$(PY) -m spec_decode.server
 
 draft: $(STAMP)
@@ -37,6 +37,7 @@ bench: $(STAMP)
 	bash scripts/setup_bench.sh
 	$(PY) bench/serving.py --output results/serving.json
 	$(PY) -m client.bench --output results/bench.json
+	$(PY) bench/forward_cost.py --output results/forward_cost.json
 	$(PY) bench/draft_cost.py --output results/draft_cost.json
 	$(PY) bench/suffix_cache.py --output results/suffix_cache.json
 	$(PY) bench/verifier.py --output results/verifier.json

@@ -1,11 +1,15 @@
-"""``make bench``: a repeated workload through the real server, beside in-process transformers generate.
+"""``make bench``: a repeated workload through the real server, beside in-process transformers, and the speed goals.
 
 In one run, for each speculative_method (none, ngram, suffix, draft, hybrid): start a fresh tritonserver on free
-ports (empty caches, so no method profits from another's responses), stream N HumanEval prompts (greedy, M new tokens)
-twice: the second pass can hit suffix decoding's global cache of earlier responses. Then transformers
-``generate(do_sample=False)`` runs on the same prompts in this process. Prints a table, saves JSON and a PNG plot
-(tokens/s and mean tokens per step per method and pass). Ratios are measured in the same run (the machine is shared
-and noisy). ``draft`` (and hybrid's fallback) needs a draft LM: ``--draft-model`` / ``DRAFT_MODEL``; without one, draft is
+ports (empty caches, so no method profits from another's responses), stream N held-out HumanEval prompts (0..N-1,
+greedy, up to M new tokens, stopping at EOS as users do) twice: the second pass can hit suffix decoding's global cache
+of earlier responses. On the ``none`` server, also: the same prompts at concurrency 8, and the per-step time of each
+stage (from Triton's per-model ``nv_inference_*`` and our ``spec_decode_*_seconds_total`` metrics). After every server
+has stopped, transformers ``generate(do_sample=False)`` and its prompt lookup (``prompt_lookup_num_tokens=k``) run on
+the same prompts in this process. Prints a table, the stages and the goals (the default method >= 2.0x ``none`` and
+>= 1.0x in-process prompt lookup; no method below 0.95x ``none`` on any prompt; ``none`` at concurrency 8 >= 3x
+concurrency 1; ``none`` through the server >= 0.95x in-process ``generate``), saves JSON and a PNG plot (tokens/s and
+mean tokens per step per method and pass). Ratios are measured in the same run (the machine is shared and noisy). ``draft`` (and hybrid's fallback) needs a draft LM: ``--draft-model`` / ``DRAFT_MODEL``; without one, draft is
 skipped and hybrid falls back to n-gram lookup. By default the distilled draft of ``make draft`` is used when it exists.
 """
 
@@ -59,8 +63,14 @@ def bench_server(url: str, prompts: list[str], max_tokens: int, method: str, k: 
     }
 
 
-def bench_transformers(prompts: list[str], max_tokens: int) -> dict:
-    """In-process transformers greedy generate of the target alone on the same prompts."""
+def bench_transformers(prompts: list[str], max_tokens: int, k: int = 4) -> list[dict]:
+    """In-process transformers greedy ``generate`` of the target alone, and its prompt lookup decoding
+    (``prompt_lookup_num_tokens=k``), on the same prompts, stopping at EOS; tokens counted up to EOS.
+
+    Returns:
+        one row per variant: method (``transformers:generate``, ``transformers:prompt_lookup``), tokens, seconds,
+        tokens_per_s, per_prompt (tokens, seconds).
+    """
     import torch
 
     from spec_decode.models import load_causal_lm, load_tokenizer, prepare_default_model
@@ -68,19 +78,125 @@ def bench_transformers(prompts: list[str], max_tokens: int) -> dict:
     path = prepare_default_model()
     tok = load_tokenizer(path)
     model = load_causal_lm(path, torch.device("cpu"), torch.float32)
-    with torch.inference_mode():
-        model.generate(tok("warm up", return_tensors="pt")["input_ids"], max_new_tokens=4, do_sample=False)
-    tokens = seconds = 0.0
-    for prompt in prompts:
-        ids = tok(prompt, return_tensors="pt")["input_ids"]
-        t0 = time.perf_counter()
+    rows = []
+    for name, extra in (("transformers:generate", {}), ("transformers:prompt_lookup", {"prompt_lookup_num_tokens": k})):
         with torch.inference_mode():
-            out = model.generate(ids, max_new_tokens=max_tokens, do_sample=False)[0, ids.shape[1]:].tolist()
-        seconds += time.perf_counter() - t0
-        eos = tok.eos_token_id
-        tokens += out.index(eos) if eos in out else len(out)
-    return {"method": "transformers:generate", "tokens": int(tokens), "seconds": seconds,
-            "tokens_per_s": tokens / seconds, "mean_tokens_per_step": 1.0}
+            model.generate(tok("warm up", return_tensors="pt")["input_ids"], max_new_tokens=4, do_sample=False, **extra)
+        tokens = seconds = 0.0
+        per_prompt = []
+        for prompt in prompts:
+            ids = tok(prompt, return_tensors="pt")["input_ids"]
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                out = model.generate(ids, max_new_tokens=max_tokens, do_sample=False, **extra)[0, ids.shape[1]:].tolist()
+            dt = time.perf_counter() - t0
+            eos = tok.eos_token_id
+            n = out.index(eos) if eos in out else len(out)
+            tokens += n
+            seconds += dt
+            per_prompt.append({"tokens": n, "seconds": dt})
+        rows.append({"method": name, "tokens": int(tokens), "seconds": seconds, "tokens_per_s": tokens / seconds,
+                     "mean_tokens_per_step": None, "per_prompt": per_prompt})
+    return rows
+
+
+def bench_concurrent(url: str, prompts: list[str], max_tokens: int, method: str, k: int, concurrency: int) -> dict:
+    """``concurrency`` streams at once over ``prompts`` (each stream takes the next prompt when it finishes).
+
+    Returns:
+        dict with method, concurrency, tokens, seconds (wall clock, first send to last response), tokens_per_s.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .generate import stream_generate
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(lambda p: stream_generate(url, p, max_tokens, speculative_method=method,
+                                                          num_draft_tokens=k), prompts))
+    seconds = time.perf_counter() - t0
+    tokens = sum(len(r.output_ids) for r in results)
+    return {"method": f"server:{method}", "concurrency": concurrency, "tokens": tokens, "seconds": seconds,
+            "tokens_per_s": tokens / seconds}
+
+
+STAGE_MODELS = ("spec_step", "draft_model", "target_model", "verifier")
+
+
+def stage_counters(metrics_url: str) -> dict:
+    """Triton's per-model request count, request and compute times (us), and our stage seconds, for :func:`stages`."""
+    from .metrics import scrape, value
+
+    s = scrape(metrics_url, prefix="")
+    out = {}
+    for m in STAGE_MODELS:
+        out[m] = {name: value(s, f"nv_inference_{name}", model=m, version="1")
+                  for name in ("request_success", "request_duration_us", "compute_infer_duration_us",
+                               "queue_duration_us")}
+    out["score_s"] = value(s, "spec_decode_score_seconds_total")
+    out["verify_s"] = value(s, "spec_decode_verify_seconds_total")
+    return out
+
+
+def stages(before: dict, after: dict, steps: int, step_s: float) -> dict:
+    """Per-step milliseconds of each stage between two :func:`stage_counters` snapshots.
+
+    ``client step`` is the client's time per step (seconds / steps); ``spec_step`` the ensemble's request time (draft,
+    target, verifier and the hops between them); ``generate + gRPC`` the rest: generate's loop (tokenising, the BLS
+    call, the response) and the stream to the client. Per model: request time (queue, inputs, execute, outputs) and
+    execute time; ``target forward`` is the scorer alone. Releases (one per request) are among the calls.
+    """
+    d = {m: {k: after[m][k] - before[m][k] for k in after[m]} for m in STAGE_MODELS}
+    per = lambda us: us / 1000 / max(1, steps)  # noqa: E731 - ms per step
+    out = {"client step": 1000 * step_s, "spec_step (ensemble)": per(d["spec_step"]["request_duration_us"]),
+           "generate + gRPC": 1000 * step_s - per(d["spec_step"]["request_duration_us"])}
+    for m in STAGE_MODELS[1:]:
+        out[f"{m} request"] = per(d[m]["request_duration_us"])
+        out[f"{m} execute"] = per(d[m]["compute_infer_duration_us"])
+    out["target forward (scorer)"] = 1000 * (after["score_s"] - before["score_s"]) / max(1, steps)
+    out["verifier (sampler)"] = 1000 * (after["verify_s"] - before["verify_s"]) / max(1, steps)
+    return out
+
+
+def goals(rows: list[dict], default_method: str) -> list[dict]:
+    """The speed goals from ``rows`` (pass 1: fresh caches); each with its value and whether it was reached."""
+    def get(method, **kw):
+        return next((r for r in rows if r["method"] == method and all(r.get(a) == b for a, b in kw.items())), None)
+
+    none = get("server:none", **{"pass": 1})
+    out = []
+    if none is None:
+        return out
+    default = get(f"server:{default_method}", **{"pass": 1})
+    lookup = get("transformers:prompt_lookup")
+    hf = get("transformers:generate")
+    if default is not None:
+        out.append({"goal": f"default method ({default_method}) >= 2.0x none", "value":
+                    default["tokens_per_s"] / none["tokens_per_s"], "target": 2.0})
+        if lookup is not None:
+            out.append({"goal": f"default method ({default_method}) >= 1.0x in-process prompt lookup",
+                        "value": default["tokens_per_s"] / lookup["tokens_per_s"], "target": 1.0})
+    worst = None
+    for r in rows:
+        if not r["method"].startswith("server:") or r.get("pass") != 1 or r is none or "per_prompt" not in r:
+            continue
+        for i, (a, b) in enumerate(zip(r["per_prompt"], none["per_prompt"])):
+            ratio = (a["tokens"] / a["seconds"]) / (b["tokens"] / b["seconds"])
+            if worst is None or ratio < worst[0]:
+                worst = (ratio, r["method"], i)
+    if worst is not None:
+        out.append({"goal": "no method below 0.95x none on any prompt", "value": worst[0], "target": 0.95,
+                    "worst": f"{worst[1]}, prompt {worst[2]}"})
+    c8 = get("server:none", concurrency=8)
+    if c8 is not None:
+        out.append({"goal": "none at concurrency 8 >= 3x concurrency 1", "value": c8["tokens_per_s"] /
+                    none["tokens_per_s"], "target": 3.0})
+    if hf is not None:
+        out.append({"goal": "none through the server >= 0.95x in-process transformers generate",
+                    "value": none["tokens_per_s"] / hf["tokens_per_s"], "target": 0.95})
+    for g in out:
+        g["reached"] = g["value"] >= g["target"]
+    return out
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:
@@ -90,7 +206,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    server = [r for r in rows if r["method"].startswith("server:")]
+    server = [r for r in rows if r["method"].startswith("server:") and r.get("concurrency", 1) == 1]
     methods = list(dict.fromkeys(r["method"].split(":", 1)[1] for r in server))
     passes = sorted({r["pass"] for r in server})
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -121,9 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     from spec_decode.server import TritonServer, draft_overrides, prepare_repository
 
     from .datasets import humaneval_prompts
+    from .generate import stream_generate
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--prompts", type=int, default=10, help="number of HumanEval prompts (default 10)")
+    ap.add_argument("--prompts", type=int, default=20, help="held-out HumanEval prompts 0..N-1 (default 20)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--methods", default="none,ngram,suffix,draft,hybrid")
     ap.add_argument("--passes", type=int, default=2, help="times the prompt set is sent (default 2: repeated workload)")
@@ -131,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-model", default=os.environ.get("DRAFT_MODEL", ""),
                     help="draft LM folder for speculative_method=draft and hybrid's fallback (default: $DRAFT_MODEL, "
                          "else the distilled default draft when `make draft` has built it)")
+    ap.add_argument("--concurrency", type=int, default=8, help="concurrent streams of the none server's extra run")
+    ap.add_argument("--default-method", default="suffix", help="the repository's default_speculative_method")
     ap.add_argument("--output", type=Path, default=Path("results/bench.json"))
     ap.add_argument("--url", help="use an already running server (gRPC host:port) instead of starting one per method")
     args = ap.parse_args(argv)
@@ -160,28 +279,55 @@ def main(argv: list[str] | None = None) -> int:
             for p in range(1, args.passes + 1):
                 print(f"speculative_method={m}, pass {p}/{args.passes}: {len(prompts)} prompts through a fresh server ...",
                       flush=True)
-                rows.append(bench_server(srv.grpc_url, prompts, args.max_tokens, m, args.num_draft_tokens, p == 1)
-                            | {"pass": p})
-    print("benchmarking in-process transformers generate ...", flush=True)
-    rows.append(bench_transformers(prompts, args.max_tokens))
+                if p == 1:
+                    stream_generate(srv.grpc_url, "warm up", 4, speculative_method=m)
+                    before = stage_counters(srv.metrics_url)
+                row = bench_server(srv.grpc_url, prompts, args.max_tokens, m, args.num_draft_tokens, False)
+                if p == 1:
+                    steps = sum(x["steps"] for x in row["per_prompt"])
+                    row["stages_ms_per_step"] = stages(before, stage_counters(srv.metrics_url), steps,
+                                                       row["seconds"] / steps)
+                rows.append(row | {"pass": p, "concurrency": 1})
+            if m == "none" and args.concurrency > 1:
+                print(f"speculative_method=none at concurrency {args.concurrency} ...", flush=True)
+                rows.append(bench_concurrent(srv.grpc_url, prompts, args.max_tokens, m, args.num_draft_tokens,
+                                             args.concurrency))
+    print("benchmarking in-process transformers generate and prompt lookup (servers stopped) ...", flush=True)
+    rows += bench_transformers(prompts, args.max_tokens, args.num_draft_tokens)
 
     base = next(r for r in rows if r["method"] == "transformers:generate")["tokens_per_s"]
-    none = {r["pass"]: r["tokens_per_s"] for r in rows if r["method"] == "server:none"}
+    none = {r["pass"]: r["tokens_per_s"] for r in rows if r["method"] == "server:none" and r.get("concurrency", 1) == 1}
     title = (f"{len(prompts)} HumanEval prompts x {args.passes} passes, {args.max_tokens} new tokens, greedy, "
              f"k={args.num_draft_tokens}" + (f", draft={Path(args.draft_model).name}" if args.draft_model else ""))
     print(f"\n{title}\n")
     print(f"{'method':<24}{'pass':>5}{'tokens/s':>10}{'tok/step':>10}{'acc/step':>9}{'accept':>8}{'TTFT ms':>9}"
           f"{'vs HF':>7}{'vs none':>9}")
     for r in rows:
+        if r.get("concurrency", 1) != 1:
+            continue
         acc = r.get("acceptance_rate")
         acc_s = f"{acc:.2f}" if acc is not None else "-"
         ttft_s = f"{r['median_ttft_ms']:.0f}" if "median_ttft_ms" in r else "-"
         n = none.get(r.get("pass"))
         vs_none = f"{r['tokens_per_s'] / n:.2f}" if n else "-"
         acc_step = f"{r['mean_accepted_per_step']:.2f}" if "mean_accepted_per_step" in r else "-"
-        print(f"{r['method']:<24}{r.get('pass', '-'):>5}{r['tokens_per_s']:>10.2f}{r['mean_tokens_per_step']:>10.2f}"
+        tps = f"{r['mean_tokens_per_step']:.2f}" if r.get("mean_tokens_per_step") else "-"
+        print(f"{r['method']:<24}{r.get('pass', '-'):>5}{r['tokens_per_s']:>10.2f}{tps:>10}"
               f"{acc_step:>9}{acc_s:>8}{ttft_s:>9}{r['tokens_per_s'] / base:>7.2f}{vs_none:>9}")
-    result = {"prompts": len(prompts), "passes": args.passes, "max_tokens": args.max_tokens,
+    for r in rows:
+        if r.get("concurrency", 1) != 1:
+            print(f"{r['method']} at concurrency {r['concurrency']}: {r['tokens_per_s']:.2f} tokens/s")
+    for r in rows:
+        if "stages_ms_per_step" in r:
+            print(f"\n{r['method']}, pass 1: ms per step by stage")
+            for name, ms in r["stages_ms_per_step"].items():
+                print(f"  {name:<28}{ms:>8.2f}")
+    result_goals = goals(rows, args.default_method)
+    print("\ngoals (pass 1, fresh caches):")
+    for g in result_goals:
+        where = f" ({g['worst']})" if "worst" in g else ""
+        print(f"  {'REACHED' if g['reached'] else 'not reached'}: {g['goal']}: {g['value']:.2f}{where}")
+    result = {"goals": result_goals, "prompts": len(prompts), "passes": args.passes, "max_tokens": args.max_tokens,
               "num_draft_tokens": args.num_draft_tokens, "draft_model": args.draft_model or None,
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
               "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "results": rows}

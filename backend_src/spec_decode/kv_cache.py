@@ -26,12 +26,18 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
 
 @dataclass
 class _Entry:
-    ids: list[int] = field(default_factory=list)  # tokens whose keys/values are in ``cache``
-    cache: object = None  # transformers DynamicCache
+    ids: list[int] = field(default_factory=list)  # tokens whose keys/values are at positions 0.. of ``slots``
+    slots: "_SlotCache" = field(default_factory=lambda: _SlotCache())
 
 
 class CachedCausalLM:
-    """Wraps a Hugging Face causal LM with an LRU of per-sequence ``DynamicCache`` objects.
+    """Wraps a Hugging Face causal LM with an LRU of per-sequence KV caches (:class:`_SlotCache`).
+
+    Every forward (one sequence, or a batched round) gets its keys and values from the sequences' own buffers and
+    writes the new ones into them in place, under an explicit 4D mask and position ids: no cache is copied per step
+    (a transformers ``DynamicCache`` concatenates its whole cache every step, and stacking and splitting caches for a
+    batched round copied them four times; ``bench/forward_cost.py`` measures both). Full-attention models only (the
+    Llama, Mistral and Qwen2 families without sliding-window layers).
 
     Args:
         model: a transformers ``*ForCausalLM`` in eval mode.
@@ -41,6 +47,10 @@ class CachedCausalLM:
             their caches to a common length would leave more padded (row x position) slots than this.
 
     Thread safety: calls are serialised by a lock (one forward at a time per model instance).
+
+    Raises:
+        ValueError: ``max_sequences`` < 1.
+        NotImplementedError: a model with sliding-window or other non-full-attention layers.
     """
 
     def __init__(self, model, max_sequences: int = 64, max_batched_new_tokens: int = 16,
@@ -51,7 +61,12 @@ class CachedCausalLM:
         self.max_sequences = max_sequences
         self.max_batched_new_tokens = max_batched_new_tokens
         self.max_padded_positions = max_padded_positions
-        self.device = next(model.parameters()).device
+        first = next(model.parameters())
+        self.device, self.dtype = first.device, first.dtype
+        types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
+        if types != {"full_attention"}:
+            raise NotImplementedError(f"CachedCausalLM supports full-attention models only; this one has layer types "
+                                      f"{sorted(types)}")
         self.vocab_size = int(model.config.vocab_size)
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._lock = threading.Lock()
@@ -82,9 +97,7 @@ class CachedCausalLM:
     def _entry(self, seq_id: int) -> _Entry:
         e = self._entries.get(seq_id)
         if e is None:
-            from transformers import DynamicCache
-
-            e = _Entry(cache=DynamicCache(config=self.model.config))
+            e = _Entry()
             self._entries[seq_id] = e
             while len(self._entries) > self.max_sequences:
                 self._entries.popitem(last=False)
@@ -187,75 +200,129 @@ class CachedCausalLM:
         """The sequence's entry cropped to the reusable prefix, and that prefix's length."""
         e = self._entry(seq_id)
         keep = min(common_prefix_len(e.ids, token_ids), len(token_ids) - n_logits)
-        if len(e.ids) > keep:
-            e.cache.crop(keep - len(e.ids))  # crop(-n) drops the last n positions
-        # Tokens must be kept in step with the cache before the forward: if it raises, the entry is dropped.
+        # Positions from ``keep`` on are overwritten by the forward (a rollback costs nothing); if it raises, the
+        # entry is dropped.
         e.ids = list(token_ids[:keep])
         return e, keep
 
     def _forward_one(self, seq_id: int, e: _Entry, token_ids: list[int], keep: int, n_logits: int) -> torch.Tensor:
-        new = torch.tensor([token_ids[keep:]], dtype=torch.long, device=self.device)
-        try:
-            out = self.model(input_ids=new, cache=e.cache, use_cache=True, logits_to_keep=n_logits)
-        except Exception:
-            self._entries.pop(seq_id, None)
-            raise
-        e.ids = list(token_ids)
-        return out.logits[0, -n_logits:]
+        return self._forward([(0, seq_id, e, token_ids, keep, n_logits)])[0]
 
     def _forward_batch(self, batch: list) -> list[torch.Tensor]:
-        """One forward over several sequences (see :meth:`logits_batch`); returns their logits in order."""
-        from transformers import DynamicCache
+        """One forward over several sequences (a batched round; see :meth:`_forward`)."""
+        return self._forward(batch)
 
-        cfg = self.model.config
+    def _forward(self, batch: list) -> list[torch.Tensor]:
+        """One forward over one or several sequences (see :meth:`logits_batch`); returns their logits in order.
+
+        Rows are laid out as ``[left padding | the row's cached positions | left padding | its new tokens]`` over
+        ``c_max + n_max`` key positions; a 4D attention mask keeps every row to its own tokens, causally, and padding
+        queries attend only to themselves. The keys and values come from each sequence's :class:`_SlotCache` and the
+        new ones are written into it (no per-round stacking and splitting of caches).
+        """
         cached = [keep for _, _, _, _, keep, _ in batch]
         new = [ids[keep:] for _, _, _, ids, keep, _ in batch]
         b, c_max, n_max = len(batch), max(cached), max(len(x) for x in new)
-        layers = cfg.num_hidden_layers
-        dtype = next(self.model.parameters()).dtype
-        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        stacked = DynamicCache(config=cfg)
-        if c_max > 0:
-            for layer in range(layers):
-                k = torch.zeros((b, heads, c_max, head_dim), dtype=dtype, device=self.device)
-                v = torch.zeros_like(k)
-                for row, (_, _, e, _, c, _) in enumerate(batch):
-                    if c:
-                        k[row, :, c_max - c :] = e.cache.layers[layer].keys[0]
-                        v[row, :, c_max - c :] = e.cache.layers[layer].values[0]
-                stacked.update(k, v, layer)
-        ids = torch.zeros((b, n_max), dtype=torch.long, device=self.device)
-        pos = torch.zeros((b, n_max), dtype=torch.long, device=self.device)
+        dev = self.device
+        ids = torch.zeros((b, n_max), dtype=torch.long)
+        pos = torch.zeros((b, n_max), dtype=torch.long)
         # allowed[row, q, col]: query q (column c_max + q) may attend to column col
-        allowed = torch.zeros((b, 1, n_max, c_max + n_max), dtype=torch.bool, device=self.device)
-        causal = torch.ones((n_max, n_max), dtype=torch.bool, device=self.device).tril()
+        allowed = torch.zeros((b, 1, n_max, c_max + n_max), dtype=torch.bool)
+        causal = torch.ones((n_max, n_max), dtype=torch.bool).tril()
         for row, (c, toks) in enumerate(zip(cached, new)):
             n = len(toks)
-            ids[row, n_max - n :] = torch.tensor(toks, dtype=torch.long, device=self.device)
-            pos[row, n_max - n :] = torch.arange(c, c + n, device=self.device)
+            ids[row, n_max - n :] = torch.tensor(toks, dtype=torch.long)
+            pos[row, n_max - n :] = torch.arange(c, c + n)
             allowed[row, 0, n_max - n :, c_max - c : c_max] = True  # its own cache
             allowed[row, 0, n_max - n :, c_max + n_max - n :] = causal[:n, :n]  # its own new tokens, causally
-            pad = torch.arange(n_max - n, device=self.device)
+            pad = torch.arange(n_max - n)
             allowed[row, 0, pad, c_max + pad] = True  # padding queries see only themselves (no empty softmax row)
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
-        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        rows = [(e.slots, c, len(toks)) for (_, _, e, _, _, _), c, toks in zip(batch, cached, new)]
         n_keep = max(n for *_, n in batch)
         try:
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=stacked, use_cache=True,
-                             logits_to_keep=n_keep)
+            out = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
+                             cache=_RoundCache(rows, c_max, n_max), use_cache=True, logits_to_keep=n_keep)
         except Exception:
             for _, seq_id, *_ in batch:
                 self._entries.pop(seq_id, None)
             raise
         results = []
         for row, (_, _, e, token_ids, c, n_logits) in enumerate(batch):
-            n = len(new[row])
-            split = DynamicCache(config=cfg)
-            for layer in range(layers):
-                k, v = stacked.layers[layer].keys[row : row + 1], stacked.layers[layer].values[row : row + 1]
-                split.update(torch.cat([k[:, :, c_max - c : c_max], k[:, :, c_max + n_max - n :]], dim=2),
-                             torch.cat([v[:, :, c_max - c : c_max], v[:, :, c_max + n_max - n :]], dim=2), layer)
-            e.cache, e.ids = split, list(token_ids)
+            e.ids = list(token_ids)
             results.append(out.logits[row, n_keep - n_logits :])
         return results
+
+
+class _SlotCache:
+    """One sequence's keys and values, per layer ``[heads, capacity, head_dim]`` buffers written in place.
+
+    Positions ``[0, len(entry.ids))`` hold the sequence's cached tokens; a rollback is just a shorter ``ids`` (the
+    positions after it are overwritten by the next forward). Buffers are allocated at the first write of each layer,
+    from the shapes the model produces, and grow by at least 256 positions (amortised copies).
+    """
+
+    GROW = 256
+
+    def __init__(self):
+        self.keys: list[torch.Tensor | None] = []
+        self.values: list[torch.Tensor | None] = []
+
+    def write(self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Store ``keys``/``values`` ([heads, n, head_dim]) at positions ``start .. start + n - 1`` of ``layer``."""
+        while len(self.keys) <= layer:
+            self.keys.append(None)
+            self.values.append(None)
+        end = start + keys.shape[1]
+        for store, x in ((self.keys, keys), (self.values, values)):
+            buf = store[layer]
+            if buf is None or buf.shape[1] < end:
+                grown = x.new_empty((x.shape[0], max(end, 0 if buf is None else buf.shape[1]) + self.GROW,
+                                     x.shape[2]))
+                if buf is not None and start:
+                    grown[:, :start] = buf[:, :start]
+                store[layer] = buf = grown
+            buf[:, start:end] = x
+
+    def tokens(self) -> int:
+        """Positions allocated in the first layer (a measure of the memory held)."""
+        return 0 if not self.keys or self.keys[0] is None else int(self.keys[0].shape[1])
+
+
+class _RoundCache:
+    """The cache object one forward of :meth:`CachedCausalLM._forward_batch` hands the model.
+
+    Implements the one method transformers' attention layers call, ``update(keys, values, layer_idx)``: the new keys
+    and values ([B, heads, n_max, head_dim], rows left-padded) are written into each sequence's :class:`_SlotCache`, and
+    the attention gets ``[B, heads, c_max + n_max, head_dim]`` in the layout of the forward's 4D mask. With one
+    sequence that is a view of its buffers (no copy); with several, one gather per layer, padding zeroed (a masked
+    position gets weight 0, and 0 x an uninitialised NaN would still be NaN).
+
+    Args:
+        rows: per sequence, (its slot cache, cached positions c, new tokens n).
+        c_max, n_max: the largest c and n of the forward.
+    """
+
+    def __init__(self, rows: list[tuple[_SlotCache, int, int]], c_max: int, n_max: int):
+        self.rows, self.c_max, self.n_max = rows, c_max, n_max
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Store the new keys/values; return the keys/values the attention runs over (see the class docstring)."""
+        c_max, n_max = self.c_max, self.n_max
+        for row, (slots, c, n) in enumerate(self.rows):
+            slots.write(layer_idx, c, key_states[row, :, n_max - n :], value_states[row, :, n_max - n :])
+        if len(self.rows) == 1:
+            slots, c, n = self.rows[0]
+            return slots.keys[layer_idx][None, :, : c + n], slots.values[layer_idx][None, :, : c + n]
+        out = []
+        for store, x in ((0, key_states), (1, value_states)):
+            full = x.new_empty((x.shape[0], x.shape[1], c_max + n_max, x.shape[3]))
+            for row, (slots, c, n) in enumerate(self.rows):
+                buf = (slots.keys if store == 0 else slots.values)[layer_idx]
+                if c < c_max:
+                    full[row, :, : c_max - c] = 0
+                full[row, :, c_max - c : c_max] = buf[:, :c]
+            full[:, :, c_max:] = x
+            out.append(full)
+        return out[0], out[1]

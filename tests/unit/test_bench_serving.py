@@ -58,3 +58,42 @@ def test_goals_compare_rows_of_the_same_run():
     assert g["none"]["reached"] == pytest.approx(3.1) and g["none"]["met"]
     dis = g["suffix with disable_by_batch_size=4 / none"]
     assert dis["reached"] == pytest.approx(29 / 30) and not dis["met"]
+
+
+def test_make_bench_goals_use_pass_one_per_prompt_ratios_and_concurrency():
+    """client/bench.py's goals: ratios of pass-1 rows, the worst per-prompt ratio against none, c8 against c1."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from client.bench import goals as bench_goals
+    from client.bench import stages
+
+    pp = lambda *secs: [{"tokens": 10, "seconds": s, "steps": 5} for s in secs]  # noqa: E731
+    rows = [
+        {"method": "server:none", "pass": 1, "concurrency": 1, "tokens_per_s": 10.0, "per_prompt": pp(1, 1, 1)},
+        {"method": "server:suffix", "pass": 1, "concurrency": 1, "tokens_per_s": 25.0, "per_prompt": pp(0.4, 0.3, 1.1)},
+        {"method": "server:suffix", "pass": 2, "concurrency": 1, "tokens_per_s": 99.0, "per_prompt": pp(0.1, 0.1, 0.1)},
+        {"method": "server:none", "concurrency": 8, "tokens_per_s": 28.0},
+        {"method": "transformers:generate", "tokens_per_s": 10.4},
+        {"method": "transformers:prompt_lookup", "tokens_per_s": 20.0},
+    ]
+    speedup = next(x for x in bench_goals(rows, "suffix") if x["goal"].endswith("2.0x none"))
+    assert speedup["value"] == pytest.approx(2.5) and speedup["reached"]
+    lookup = next(x for x in bench_goals(rows, "suffix") if "prompt lookup" in x["goal"])
+    assert lookup["value"] == pytest.approx(1.25) and lookup["reached"]
+    worst = next(x for x in bench_goals(rows, "suffix") if "any prompt" in x["goal"])
+    assert worst["value"] == pytest.approx(1 / 1.1) and not worst["reached"] and "prompt 2" in worst["worst"]
+    c8 = next(x for x in bench_goals(rows, "suffix") if "concurrency 8" in x["goal"])
+    assert c8["value"] == pytest.approx(2.8) and not c8["reached"]
+    hf = next(x for x in bench_goals(rows, "suffix") if "in-process transformers" in x["goal"])
+    assert hf["value"] == pytest.approx(10 / 10.4) and hf["reached"]
+
+    before = {m: {"request_success": 0, "request_duration_us": 0, "compute_infer_duration_us": 0,
+                  "queue_duration_us": 0} for m in ("spec_step", "draft_model", "target_model", "verifier")}
+    before |= {"score_s": 1.0, "verify_s": 0.0}
+    after = {m: dict(v) for m, v in before.items() if isinstance(v, dict)}
+    after["spec_step"]["request_duration_us"] = 450_000  # 10 steps of 45 ms
+    after["target_model"]["compute_infer_duration_us"] = 400_000
+    after |= {"score_s": 1.38, "verify_s": 0.01}
+    st = stages(before, after, steps=10, step_s=0.05)
+    assert st["client step"] == pytest.approx(50) and st["spec_step (ensemble)"] == pytest.approx(45)
+    assert st["generate + gRPC"] == pytest.approx(5) and st["target_model execute"] == pytest.approx(40)
+    assert st["target forward (scorer)"] == pytest.approx(38) and st["verifier (sampler)"] == pytest.approx(1)

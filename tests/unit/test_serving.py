@@ -301,3 +301,30 @@ def test_tiny_temperature_is_the_argmax_limit_not_nan():
         torch.testing.assert_close(probs, torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]]))
     torch.testing.assert_close(logits_to_probs(logits, SamplingParams(temperature=0.7)),
                                torch.softmax(logits / 0.7, -1))
+
+
+def test_metrics_export_at_most_once_per_interval_and_on_flush(monkeypatch):
+    """Writes to Triton (a round trip to the server process each) are batched: during a stream at most one export per
+    interval, and everything changed is exported on flush (the end of a sequence), counters by their increments."""
+    from spec_decode.serving import metrics as metrics_module
+
+    now = [100.0]
+    monkeypatch.setattr(metrics_module.time, "monotonic", lambda: now[0])
+    m = Metrics(FakePb, export_interval_s=0.5)
+    m.add("spec_decode_steps_total", 1, method="none")  # the first write exports at once
+    assert m.exports == 1
+    for _ in range(50):  # a stream's steps within the interval: kept in the process only
+        m.add("spec_decode_steps_total", 1, method="none")
+        m.set("spec_decode_target_kv_cache_tokens", 7)
+    assert m.exports == 1 and m.get("spec_decode_steps_total", method="none") == 51
+    now[0] += 0.6  # the interval has passed: the next write exports both changed series
+    m.add("spec_decode_steps_total", 1, method="none")
+    assert m.exports == 3
+    m.add("spec_decode_steps_total", 2, method="none")
+    m.set("spec_decode_target_kv_cache_tokens", 7)  # unchanged since the last export: nothing to send
+    m.flush()
+    exported = {(f.name, tuple(sorted(x.labels.items()))): x.value for f in _FakeMetricFamily.created for x in f.metrics
+                if f in m._families.values()}
+    assert exported[("spec_decode_steps_total", (("method", "none"),))] == 54
+    assert exported[("spec_decode_target_kv_cache_tokens", ())] == 7
+    assert m.exports == 4

@@ -270,9 +270,9 @@ class GenerateBackend:
                 pass
         finally:
             await self.step.release(gen)
-            self._set_running(-1)
             self.metrics.add("spec_decode_requests_total", 1, method=req.speculative_method,
                              finish_reason=gen.finish_reason or "error")
+            self._set_running(-1)
 
     async def _run_round(self, inps: list[StepInputs]) -> list:
         """One round of steps (:class:`StepRounds`): one batched request when the transport has ``run_batch``."""
@@ -284,3 +284,4 @@ class GenerateBackend:
     def _set_running(self, delta: int) -> None:
         self.running += delta
         self.metrics.set("spec_decode_running_sequences", self.running)
+        self.metrics.flush()  # a request started or ended: Prometheus sees it at once

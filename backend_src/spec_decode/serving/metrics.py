@@ -19,6 +19,8 @@ may still be in flight). Triton's own per-model ``nv_inference_*`` metrics are o
 
 from __future__ import annotations
 
+import time
+
 COUNTER, GAUGE = "counter", "gauge"
 
 METRICS: dict[str, tuple[str, str]] = {
@@ -57,50 +59,90 @@ METRICS: dict[str, tuple[str, str]] = {
 class Metrics:
     """Counters and gauges kept in the process and, inside Triton, exported through ``pb_utils.MetricFamily``.
 
+    Every write to a Triton metric is a round trip from the model's stub process to the server process; at ~15 writes
+    per step they cost a few milliseconds of every step on a small machine. So values change here at once
+    (:meth:`get`, :attr:`values`) and are exported at most every ``export_interval_s`` seconds, when a value
+    changes, plus at once on :meth:`flush` (the models flush when a sequence ends, so what a scrape sees after a
+    request is complete).
+
     Args:
         pb_utils: the ``triton_python_backend_utils`` module, or None (unit tests, in-process use): values are then
             only kept in :attr:`values`.
+        export_interval_s: seconds between exports while values keep changing (>= 0; 0 exports every write).
 
     Raises:
         KeyError: (methods) a metric name not in :data:`METRICS`.
         ValueError: (``add``) a negative increment of a counter.
     """
 
-    def __init__(self, pb_utils=None):
+    def __init__(self, pb_utils=None, export_interval_s: float = 0.5):
         self.values: dict[tuple, float] = {}  # (name, sorted label items) -> value
         self._pb = pb_utils if pb_utils is not None and hasattr(pb_utils, "MetricFamily") else None
         self._families: dict[str, object] = {}  # kept alive: Triton drops a family when its object is deleted
         self._metrics: dict[tuple, object] = {}
+        self._exported: dict[tuple, float] = {}  # what Triton holds, per key
+        self._dirty: set[tuple] = set()
+        self.export_interval_s = export_interval_s
+        self._last_export = 0.0
+        self.exports = 0  # round trips to Triton so far (for tests)
 
-    def _metric(self, name: str, labels: dict[str, str]):
-        kind, description = METRICS[name]
-        key = (name, tuple(sorted(labels.items())))
-        if self._pb is not None and key not in self._metrics:
+    def _key(self, name: str, labels: dict[str, str]) -> tuple[str, tuple]:
+        kind, _ = METRICS[name]
+        return kind, (name, tuple(sorted(labels.items())))
+
+    def _triton_metric(self, key: tuple):
+        metric = self._metrics.get(key)
+        if metric is None:
+            name, labels = key
+            kind, description = METRICS[name]
             family = self._families.get(name)
             if family is None:
                 mf = self._pb.MetricFamily
                 family = mf(name=name, description=description, kind=mf.COUNTER if kind == COUNTER else mf.GAUGE)
                 self._families[name] = family
-            self._metrics[key] = family.Metric(labels=dict(labels))
-        return kind, key, self._metrics.get(key)
+            metric = self._metrics[key] = family.Metric(labels=dict(labels))
+        return metric
 
     def add(self, name: str, value: float, **labels: str) -> None:
         """Increase a counter by ``value`` (>= 0)."""
-        kind, key, metric = self._metric(name, labels)
+        kind, key = self._key(name, labels)
         if kind == COUNTER and value < 0:
             raise ValueError(f"counter {name} cannot decrease (got {value})")
         self.values[key] = self.values.get(key, 0.0) + value
-        if metric is not None and value:
-            metric.increment(float(value))
+        self._changed(key)
 
     def set(self, name: str, value: float, **labels: str) -> None:
         """Set a gauge."""
-        kind, key, metric = self._metric(name, labels)
+        kind, key = self._key(name, labels)
         if kind != GAUGE:
             raise ValueError(f"{name} is a counter; use add()")
         self.values[key] = float(value)
-        if metric is not None:
-            metric.set(float(value))
+        self._changed(key)
+
+    def _changed(self, key: tuple) -> None:
+        if self._pb is None:
+            return
+        self._dirty.add(key)
+        if time.monotonic() - self._last_export >= self.export_interval_s:
+            self.flush()
+
+    def flush(self) -> None:
+        """Export every value changed since the last export to Triton (nothing outside Triton)."""
+        if self._pb is None:
+            return
+        for key in self._dirty:
+            value, before = self.values[key], self._exported.get(key)
+            if value == before:
+                continue
+            metric = self._triton_metric(key)
+            if METRICS[key[0]][0] == COUNTER:
+                metric.increment(value - (before or 0.0))
+            else:
+                metric.set(value)
+            self._exported[key] = value
+            self.exports += 1
+        self._dirty.clear()
+        self._last_export = time.monotonic()
 
     def get(self, name: str, **labels: str) -> float:
         """The current value (0 when never written)."""

@@ -155,6 +155,8 @@ class _BatchedBackend:
             return run_batched(inputs_list, self._plan, self._run_group)
         finally:
             self._cache_gauges()
+            if any(_is_release(i) for i in inputs_list if "release" in i):  # a sequence ended: export its figures
+                self.metrics.flush()
 
 
 def _no_drafts() -> dict:
@@ -332,7 +334,8 @@ class VerifierBackend:
     def run(self, inputs: dict) -> dict:
         """Verify one sequence's drafts against its target probabilities."""
         tp = torch.as_tensor(inputs["target_probs"])
-        if tp.shape[0] == 0:  # release
+        if tp.shape[0] == 0:  # release: a sequence ended, export its figures
+            self.metrics.flush()
             return {"output_ids": np.zeros(0, np.int64), "output_log_probs": np.zeros(0, np.float32)}
         # In a batched request rows are padded to the round's largest k: k is the row's draft count without padding.
         drafts = torch.as_tensor(strip_padding(inputs["draft_token_ids"]), dtype=torch.int64)
