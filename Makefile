@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(PY) bench/serving.py --output results/serving.json
 	$(PY) -m client.bench --output results/bench.json
 	$(PY) bench/forward_cost.py --output results/forward_cost.json
+	$(PY) bench/greedy_agreement.py --output results/greedy_agreement.json
 	$(PY) bench/draft_cost.py --output results/draft_cost.json
 	$(PY) bench/suffix_cache.py --output results/suffix_cache.json
 	$(PY) bench/verifier.py --output results/verifier.json

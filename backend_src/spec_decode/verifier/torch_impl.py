@@ -129,6 +129,8 @@ def rejection_torch(
 
     p_n = _row_at(tp, n)  # [B, V]
     check_sampled_rows(p_n)
+    if bool(is_greedy.all()):  # greedy rows emit the argmax: no residual, no race
+        return _assemble(ids, n, p_n.argmax(-1))
     x_n = _draft_at(ids, n)  # the rejected draft, or -1 at the bonus position or a placeholder
     has_draft = x_n >= 0
     if draft_probs is not None and k:
