@@ -285,13 +285,9 @@ class _SlotCache:
                 store[layer] = buf = grown
             buf[:, start:end] = x
 
-    def tokens(self) -> int:
-        """Positions allocated in the first layer (a measure of the memory held)."""
-        return 0 if not self.keys or self.keys[0] is None else int(self.keys[0].shape[1])
-
 
 class _RoundCache:
-    """The cache object one forward of :meth:`CachedCausalLM._forward_batch` hands the model.
+    """The cache object one forward of :meth:`CachedCausalLM._forward` hands the model.
 
     Implements the one method transformers' attention layers call, ``update(keys, values, layer_idx)``: the new keys
     and values ([B, heads, n_max, head_dim], rows left-padded) are written into each sequence's :class:`_SlotCache`, and

@@ -206,3 +206,31 @@ def test_batches_split_where_padding_would_more_than_double_the_cached_positions
     assert [len(x) for x in sizes] == [3, 3] and all(max(x) < 100 for x in sizes)
     groups = lm._groups([(i, i, None, None, c, 1) for i, c in enumerate([10, 500, 20, 520, 30, 200])])
     assert [[r[4] for r in g] for g in groups] == [[10, 20, 30], [200], [500, 520]]  # 4 x 200 - 260 = 540 > 256
+
+
+def test_kv_buffers_grow_and_roll_back_in_place(tiny_lm):
+    """A sequence growing past its buffers' capacity (initial length + 256) in small steps, with rollbacks on the way,
+    still gets the logits of a full forward; only the new positions are computed each time."""
+    import random
+
+    rng = random.Random(2)
+    lm = CachedCausalLM(tiny_lm, max_sequences=2)
+    ids = [rng.randrange(97) for _ in range(10)]
+    lm.logits(1, ids, 1)
+    capacity = lm._entries[1].slots.keys[0].shape[1]
+    while len(ids) < capacity + 20:
+        if rng.random() < 0.3:
+            del ids[-rng.randint(1, 3):]  # a rejected draft: the next call overwrites from the common prefix
+        ids += [rng.randrange(97) for _ in range(rng.randint(1, 6))]
+        lm.logits(1, ids, 1)
+    assert lm._entries[1].slots.keys[0].shape[1] > capacity
+    torch.testing.assert_close(lm.logits(1, ids, 3), _full_logits(tiny_lm, ids)[-3:], atol=1e-5, rtol=1e-4)
+
+
+def test_models_with_sliding_window_layers_are_refused(tiny_lm):
+    import copy
+
+    model = copy.deepcopy(tiny_lm)
+    model.config.layer_types = ["sliding_attention", "full_attention"]
+    with pytest.raises(NotImplementedError, match="full-attention"):
+        CachedCausalLM(model)
