@@ -120,7 +120,7 @@ def bench_concurrent(url: str, prompts: list[str], max_tokens: int, method: str,
             "tokens_per_s": tokens / seconds}
 
 
-STAGE_MODELS = ("spec_step", "draft_model", "target_model", "verifier")
+STAGE_MODELS = ("spec_step", "score_step", "draft_model", "target_model", "verifier")
 
 
 def stage_counters(metrics_url: str) -> dict:
@@ -141,16 +141,18 @@ def stage_counters(metrics_url: str) -> dict:
 def stages(before: dict, after: dict, steps: int, step_s: float) -> dict:
     """Per-step milliseconds of each stage between two :func:`stage_counters` snapshots.
 
-    ``client step`` is the client's time per step (seconds / steps); ``spec_step`` the ensemble's request time (draft,
-    target, verifier and the hops between them); ``generate + gRPC`` the rest: generate's loop (tokenising, the BLS
+    ``client step`` is the client's time per step (seconds / steps); ``ensemble`` the request time of ``spec_step``
+    (draft, target, verifier and the hops between them) and of ``score_step`` (rounds without drafts: target and
+    verifier); ``generate + gRPC`` the rest: generate's loop (tokenising, the BLS
     call, the response) and the stream to the client. Per model: request time (queue, inputs, execute, outputs) and
     execute time; ``target forward`` is the scorer alone. Releases (one per request) are among the calls.
     """
     d = {m: {k: after[m][k] - before[m][k] for k in after[m]} for m in STAGE_MODELS}
     per = lambda us: us / 1000 / max(1, steps)  # noqa: E731 - ms per step
-    out = {"client step": 1000 * step_s, "spec_step (ensemble)": per(d["spec_step"]["request_duration_us"]),
-           "generate + gRPC": 1000 * step_s - per(d["spec_step"]["request_duration_us"])}
-    for m in STAGE_MODELS[1:]:
+    ensemble = per(d["spec_step"]["request_duration_us"] + d["score_step"]["request_duration_us"])
+    out = {"client step": 1000 * step_s, "ensemble (spec_step, score_step)": ensemble,
+           "generate + gRPC": 1000 * step_s - ensemble}
+    for m in STAGE_MODELS[2:]:
         out[f"{m} request"] = per(d[m]["request_duration_us"])
         out[f"{m} execute"] = per(d[m]["compute_infer_duration_us"])
     out["target forward (scorer)"] = 1000 * (after["score_s"] - before["score_s"]) / max(1, steps)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .models import cache_dir, prepare_default_model
 
-MODELS = ("generate", "spec_step", "draft_model", "target_model", "verifier")
+MODELS = ("generate", "spec_step", "score_step", "draft_model", "target_model", "verifier")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
 

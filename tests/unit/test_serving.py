@@ -328,3 +328,49 @@ def test_metrics_export_at_most_once_per_interval_and_on_flush(monkeypatch):
     assert exported[("spec_decode_steps_total", (("method", "none"),))] == 54
     assert exported[("spec_decode_target_kv_cache_tokens", ())] == 7
     assert m.exports == 4
+
+
+def test_rounds_without_drafts_skip_draft_model():
+    """generate's transport: a round in which no sequence drafts goes to score_step (target_model -> verifier, empty
+    drafts); a round with one drafting sequence, and every release, goes through spec_step."""
+    from spec_decode.loop import StepInputs
+    from spec_decode.serving.generate import TritonStep
+
+    sent = []
+
+    class _Req:
+        def __init__(self, model_name, inputs, requested_output_names):
+            self.model, self.inputs, self.outputs = model_name, {t.name: t.arr for t in inputs}, requested_output_names
+            sent.append(self)
+
+        async def async_exec(self):
+            b = len(self.inputs["sequence_id"])
+            out = [_Tensor("output_ids", np.full((b, 1), 7)), _Tensor("output_log_probs", np.zeros((b, 1)))]
+            if "draft_token_ids" in self.outputs:
+                out.append(_Tensor("draft_token_ids", np.full((b, 2), -1)))
+            return _ExecResponse(out)
+
+    class _ExecResponse(_Response):
+        def has_error(self):
+            return False
+
+    class _Pb(FakePb):
+        InferenceRequest = _Req
+
+        @staticmethod
+        def get_output_tensor_by_name(response, name):  # None for an output the response lacks, as pb_utils
+            return _Tensor(name, response.outputs[name]) if name in response.outputs else None
+
+    step = TritonStep(_Pb)
+    plain = StepInputs(1, [3, 4], 0, "suffix", SamplingParams(), 0)
+    none = StepInputs(2, [3, 4, 5], 4, "none", SamplingParams(), 0)
+    drafting = StepInputs(3, [3], 4, "ngram", SamplingParams(), 0)
+    results = asyncio.run(step.run_batch([plain, none]))
+    assert sent[-1].model == "score_step" and [r.output_ids for r in results] == [[7], [7]]
+    assert sent[-1].inputs["draft_token_ids"].shape == (2, 0) and sent[-1].inputs["draft_probs"].shape == (2, 0, 0)
+    assert "num_draft_tokens" not in sent[-1].inputs and all(r.num_draft_tokens == 0 for r in results)
+    asyncio.run(step.run_batch([plain, drafting]))
+    assert sent[-1].model == "spec_step" and sent[-1].inputs["num_draft_tokens"].ravel().tolist() == [0, 4]
+    gen = Generation(9, [3, 4], GenerationRequest("x", 4, speculative_method="none"), _Tok(), [], 256, 1)
+    asyncio.run(step.release(gen))
+    assert sent[-1].model == "spec_step" and bool(sent[-1].inputs["release"].all())
