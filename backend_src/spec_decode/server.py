@@ -263,7 +263,10 @@ class TritonServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``make serve``: prepare the model, start tritonserver, print the ports once every model is READY."""
+    """``make serve``: prepare the model, start tritonserver, print the ports once every model is READY.
+
+    Returns 0 after Ctrl-C or SIGTERM (tritonserver is stopped first); if tritonserver dies by itself, a non-zero
+    status and the reason on stderr (:func:`exit_status`)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
     ap.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
@@ -292,11 +295,33 @@ def main(argv: list[str] | None = None) -> int:
             f"  .venv/bin/python -m client.generate --url 127.0.0.1:{server.grpc_port} --humaneval 1 --max-tokens 128\n",
             flush=True,
         )
-        return server.proc.wait()
+        code = server.proc.wait()
+        return exit_status(code)
     except KeyboardInterrupt:
         return 0
     finally:
         server.stop()
+
+
+def exit_status(code: int) -> int:
+    """The launcher's exit status when tritonserver exited by itself (not by Ctrl-C or SIGTERM to the launcher): always
+    non-zero, so a supervisor (systemd ``Restart=on-failure``, Kubernetes) restarts the whole server, with the reason
+    printed to stderr.
+
+    Args:
+        code: ``Popen.returncode`` of tritonserver (negative: killed by that signal).
+    """
+    if code < 0:
+        try:
+            why = f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            why = f"killed by signal {-code}"
+        status = 128 - code
+    else:
+        why, status = f"exited with code {code}", code or 1
+    print(f"tritonserver {why} while serving; the launcher exits with status {status} so that a supervisor restarts "
+          f"it", file=sys.stderr, flush=True)
+    return status
 
 
 if __name__ == "__main__":

@@ -230,3 +230,38 @@ def test_launcher_sigterm_stops_tritonserver(tmp_path):
             launcher.kill()
         subprocess.run(["pkill", "-f", "--", f"--http-port={ports[0]}"])
         log.close()
+
+
+def test_launcher_exits_non_zero_and_says_why_when_tritonserver_dies(tmp_path):
+    """kill -9 of tritonserver itself: the launcher must not look healthy; it exits non-zero (so a supervisor restarts
+    it) and names the cause."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from spec_decode.server import free_port
+
+    ports = [str(free_port()) for _ in range(3)]
+    env = dict(os.environ, HTTP_PORT=ports[0], GRPC_PORT=ports[1], METRICS_PORT=ports[2])
+    log_path = tmp_path / "launcher.log"
+    log = open(log_path, "w")
+    launcher = subprocess.Popen([sys.executable, "-m", "spec_decode.server"], env=env, stdout=log, stderr=log)
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline and "All models READY" not in log_path.read_text():
+            assert launcher.poll() is None, log_path.read_text()[-3000:]
+            time.sleep(1)
+        server_pid = subprocess.run(["pgrep", "-f", "--", f"--http-port={ports[0]}"], capture_output=True,
+                                    text=True).stdout.split()
+        assert len(server_pid) == 1, server_pid
+        os.kill(int(server_pid[0]), signal.SIGKILL)
+        status = launcher.wait(30)
+        assert status == 128 + signal.SIGKILL
+        assert "tritonserver killed by SIGKILL while serving" in log_path.read_text()
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        subprocess.run(["pkill", "-9", "-f", "--", f"--http-port={ports[0]}"])
+        log.close()
