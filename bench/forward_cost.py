@@ -170,8 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     for label, plain, kind in (("target", target, str(path.name)), ("draft", draft, draft_kind)):
         vocab = int(plain.config.vocab_size)
         prompts = {c: torch.randint(0, vocab, (c,), generator=gen).tolist() for c in CACHE_LENGTHS}
-        engine_model = load_causal_lm(path, torch.device("cpu"), torch.float32) if label == "target" else None
-        if engine_model is None:  # the draft: a second copy of the same weights
+        if label == "target":  # the engine gets its own copy of the same weights
+            engine_model = load_causal_lm(path, torch.device("cpu"), torch.float32)
+        else:
             engine_model, _ = draft_model(target, draft_dir)
         engine = CachedCausalLM(engine_model, max_sequences=64)
         variants = {"transformers": _Transformers(plain, prompts), "engine": _Engine(engine, prompts)}

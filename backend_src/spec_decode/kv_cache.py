@@ -312,10 +312,10 @@ class _RoundCache:
             slots, c, n = self.rows[0]
             return slots.keys[layer_idx][None, :, : c + n], slots.values[layer_idx][None, :, : c + n]
         out = []
-        for store, x in ((0, key_states), (1, value_states)):
+        for kind, x in (("keys", key_states), ("values", value_states)):
             full = x.new_empty((x.shape[0], x.shape[1], c_max + n_max, x.shape[3]))
             for row, (slots, c, n) in enumerate(self.rows):
-                buf = (slots.keys if store == 0 else slots.values)[layer_idx]
+                buf = getattr(slots, kind)[layer_idx]
                 if c < c_max:
                     full[row, :, : c_max - c] = 0
                 full[row, :, c_max - c : c_max] = buf[:, :c]

@@ -65,7 +65,8 @@ class TritonStep:
         self.max_batch_size = max_batch_size
 
     def _request(self, inps: list[StepInputs], release: bool):
-        """The BLS request of a round: to ``spec_step``, or to ``score_step`` (no draft_model hop) when no row drafts."""
+        """The BLS request of a round and the ensemble it goes to: ``spec_step``, or ``score_step`` (no draft_model
+        hop) when no row drafts. Returns (model name, request)."""
         pb = self.pb
         col = lambda values, dtype: np.array([[v] for v in values], dtype)  # noqa: E731 - [batch, 1]
         params = [i.params for i in inps]
@@ -92,12 +93,12 @@ class TritonStep:
             model, outputs = self.plain_model_name, ["output_ids", "output_log_probs"]
             tensors += [pb.Tensor("draft_token_ids", np.zeros((len(inps), 0), np.int64)),
                         pb.Tensor("draft_probs", np.zeros((len(inps), 0, 0), np.float32))]
-        return pb.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=outputs)
+        return model, pb.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=outputs)
 
     async def _exec(self, inps: list[StepInputs]) -> list[StepResult]:
-        resp = await self._request(inps, release=False).async_exec()
+        model, request = self._request(inps, release=False)
+        resp = await request.async_exec()
         if resp.has_error():
-            model = self.model_name if any(drafts(i) for i in inps) else self.plain_model_name
             raise RuntimeError(f"{model} failed: {resp.error().message()}")
         get = self.pb.get_output_tensor_by_name
         ids = get(resp, "output_ids").as_numpy().reshape(len(inps), -1)
@@ -143,7 +144,7 @@ class TritonStep:
         """Free the sequence's caches in every model of the ensemble (errors are logged, not raised)."""
         try:
             inp = gen.next_step()
-            resp = await self._request([inp], release=True).async_exec()
+            resp = await self._request([inp], release=True)[1].async_exec()
             if resp.has_error():
                 logger.warning("release of sequence %d failed: %s", gen.seq_id, resp.error().message())
         except Exception:  # noqa: BLE001

@@ -155,7 +155,7 @@ class _BatchedBackend:
             return run_batched(inputs_list, self._plan, self._run_group)
         finally:
             self._cache_gauges()
-            if any(_is_release(i) for i in inputs_list if "release" in i):  # a sequence ended: export its figures
+            if any(_is_release(i) for i in inputs_list):  # a sequence ended: export its figures
                 self.metrics.flush()
 
 

@@ -27,21 +27,16 @@ def compile_all(arch: int = 90, block_v: int = 4096) -> list[str]:
     variants = [(rejection_kernel, {"HAS_DRAFT_PROBS": p, "HAS_NOISE": n, "BLOCK_V": block_v})
                 for p in (True, False) for n in (True, False)]
     variants += [(typical_kernel, {"HAS_NOISE": n, "BLOCK_V": block_v}) for n in (True, False)]
-    for fn, consts in variants:
-        sig = {a: ("constexpr" if a in consts else _PTRS[a]) for a in fn.arg_names}
-        for ptr_dtype in ("fp32", "bf16", "fp16"):
-            s = {a: (f"*{ptr_dtype}" if a in ("tp_ptr", "dp_ptr") else t) for a, t in sig.items()}
-            compiled = triton_compile(ASTSource(fn=fn, signature=s, constexprs=consts), target=target)
-            assert compiled.asm.get("ptx"), "no PTX produced"
-            done.append(f"{fn.__name__} {ptr_dtype} {consts} -> sm_{arch} ok")
+    jobs = [(fn, consts, dtype) for fn, consts in variants for dtype in ("fp32", "bf16", "fp16")]
     # Triton's JIT turns an integer argument equal to 1 into a constexpr: k = 1 drafts, or a vocabulary of 1.
-    for fn, consts in (variants[0], variants[-1]):
-        for ones in ({"K": 1}, {"V": 1}, {"K": 1, "V": 1}):
-            c = {**consts, **ones}
-            sig = {a: ("constexpr" if a in c else _PTRS[a]) for a in fn.arg_names}
-            compiled = triton_compile(ASTSource(fn=fn, signature=sig, constexprs=c), target=target)
-            assert compiled.asm.get("ptx"), "no PTX produced"
-            done.append(f"{fn.__name__} fp32 {c} -> sm_{arch} ok")
+    jobs += [(fn, {**consts, **ones}, "fp32") for fn, consts in (variants[0], variants[-1])
+             for ones in ({"K": 1}, {"V": 1}, {"K": 1, "V": 1})]
+    for fn, consts, ptr_dtype in jobs:
+        sig = {a: "constexpr" if a in consts else f"*{ptr_dtype}" if a in ("tp_ptr", "dp_ptr") else _PTRS[a]
+               for a in fn.arg_names}
+        compiled = triton_compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=target)
+        assert compiled.asm.get("ptx"), "no PTX produced"
+        done.append(f"{fn.__name__} {ptr_dtype} {consts} -> sm_{arch} ok")
     return done
 
 
