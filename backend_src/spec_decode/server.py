@@ -15,6 +15,7 @@ import argparse
 import importlib.util
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -22,14 +23,20 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from pathlib import Path
 
+from .healing import Healer, stub_processes
 from .models import cache_dir, prepare_default_model
 
 MODELS = ("generate", "spec_step", "score_step", "draft_model", "target_model", "verifier")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
+# HTTP header (gRPC metadata key) that Triton's model repository API (index, load, unload) demands; its value is a
+# random key made at each start and known only to the launcher (it is on tritonserver's command line, so readable by
+# local processes that may read /proc of that user).
+REPOSITORY_KEY_HEADER = "spec-decode-repository-key"
 
 
 def free_port() -> int:
@@ -129,61 +136,72 @@ def process_rss(server_pid: int, repository: Path) -> dict[str, int]:
     """RSS in bytes of a tritonserver (key ``tritonserver``) and of its model stubs (key: model name, ``name#i`` for
     further instances); a stub is matched to its model by the model folder in its command line."""
     out = {"tritonserver": _rss_bytes(server_pid)}
-    repo = str(Path(repository).resolve())
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for stub in stub_processes(server_pid, repository):
+        key, i = stub.model, 1
+        while key in out:
+            key, i = f"{stub.model}#{i}", i + 1
         try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if ppid != server_pid:
-                continue
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-            model_py = next(a.decode() for a in args if a.decode().startswith(repo))
-            name = Path(model_py).relative_to(repo).parts[0]
-            key, i = name, 1
-            while key in out:
-                key, i = f"{name}#{i}", i + 1
-            out[key] = _rss_bytes(int(entry.name))
-        except (OSError, StopIteration, IndexError, ValueError):
-            continue  # gone, or not a model stub
+            out[key] = _rss_bytes(stub.pid)
+        except OSError:
+            continue  # gone
     return out
 
 
 class TritonServer:
-    """A tritonserver process on 127.0.0.1 serving a model repository.
+    """A tritonserver process serving a model repository, optionally healed (:mod:`spec_decode.healing`).
+
+    tritonserver runs with explicit model control (every model loaded at start) and its model repository API
+    (index, load, unload) restricted to requests that carry :data:`REPOSITORY_KEY_HEADER` with a random key made at
+    each start, over HTTP and gRPC: clients on the served ports cannot load or unload models; only this object can
+    (:meth:`repository_call`).
 
     Args:
         repository: the model repository folder.
         http_port, grpc_port, metrics_port: ports (0 = pick a free one).
         log_path: file for the server's stdout/stderr (None = inherit the terminal).
         log_verbose: tritonserver --log-verbose level.
+        heal: once every model is ready (:meth:`wait_ready`), watch the model processes and bring a dead one back
+            (:class:`spec_decode.healing.Healer`, kept as ``self.healer``).
+        host: address the three endpoints listen on (``0.0.0.0`` in a container).
     """
 
     def __init__(self, repository: Path = DEFAULT_REPOSITORY, http_port: int = 0, grpc_port: int = 0,
-                 metrics_port: int = 0, log_path: Path | None = None, log_verbose: int = 0):
+                 metrics_port: int = 0, log_path: Path | None = None, log_verbose: int = 0, heal: bool = True,
+                 host: str = "127.0.0.1"):
         self.repository = Path(repository)
         self.http_port = http_port or free_port()
         self.grpc_port = grpc_port or free_port()
         self.metrics_port = metrics_port or free_port()
         self.log_path = log_path
         self.log_verbose = log_verbose
+        self.heal = heal
+        self.host = host
         self.proc: subprocess.Popen | None = None
+        self.healer: Healer | None = None
+        self.generation = 0  # starts so far (a restart by the healer is a new generation)
         self._log = None
+        self._key = ""
+        self._cond = threading.Condition()
+        self._restarting = False
+
+    @property
+    def _local(self) -> str:
+        return "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
 
     @property
     def http_url(self) -> str:
         """host:port of the HTTP endpoint."""
-        return f"127.0.0.1:{self.http_port}"
+        return f"{self._local}:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
         """host:port of the gRPC endpoint."""
-        return f"127.0.0.1:{self.grpc_port}"
+        return f"{self._local}:{self.grpc_port}"
 
     @property
     def metrics_url(self) -> str:
         """host:port of the Prometheus metrics endpoint (``/metrics``)."""
-        return f"127.0.0.1:{self.metrics_port}"
+        return f"{self._local}:{self.metrics_port}"
 
     def model_rss(self) -> dict[str, int]:
         """Resident memory (bytes) of each Python-backend model process (the ``triton_python_backend_stub`` children of
@@ -199,21 +217,27 @@ class TritonServer:
     def start(self) -> "TritonServer":
         """Launch tritonserver (returns at once; see :meth:`wait_ready`)."""
         cmd, env = server_command()
+        self._key = secrets.token_urlsafe(24)
+        restricted = f"model-repository:{REPOSITORY_KEY_HEADER}={self._key}"
         cmd += [
-            f"--model-repository={self.repository}",
-            "--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1",
+            f"--model-repository={self.repository}", "--model-control-mode=explicit", "--load-model=*",
+            f"--http-restricted-api={restricted}", f"--grpc-restricted-protocol={restricted}",
+            f"--http-address={self.host}", f"--grpc-address={self.host}", f"--metrics-address={self.host}",
             f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}", f"--metrics-port={self.metrics_port}",
             f"--log-verbose={self.log_verbose}", "--exit-timeout-secs=10",
         ]
-        out = None
-        if self.log_path is not None:
+        if self.log_path is not None and self._log is None:
             self._log = open(self.log_path, "ab")
-            out = self._log
-        self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None)
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self._log,
+                                     stderr=subprocess.STDOUT if self._log is not None else None)
+        self.generation += 1
         return self
 
-    def wait_ready(self, timeout: float = 600.0, models=MODELS) -> None:
-        """Block until every model is READY.
+    def wait_ready(self, timeout: float = 600.0, models=MODELS, check=None) -> None:
+        """Block until every model is READY; then, with ``heal``, start the healer (once).
+
+        Args:
+            check: called at every look (every 0.5 s) while waiting; what it raises ends the wait.
 
         Raises:
             RuntimeError: the server exited (its log tail is included) or did not get ready within ``timeout`` s.
@@ -226,15 +250,106 @@ class TritonServer:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"tritonserver exited with code {self.proc.returncode}\n{self.log_tail()}")
+                if check is not None:
+                    check()
                 try:
                     if client.is_server_live() and all(client.is_model_ready(m) for m in models):
-                        return
+                        break
                 except Exception:  # noqa: BLE001 - not up yet
                     pass
                 time.sleep(0.5)
-            raise RuntimeError(f"tritonserver not ready after {timeout:.0f} s\n{self.log_tail()}")
+            else:
+                raise RuntimeError(f"tritonserver not ready after {timeout:.0f} s\n{self.log_tail()}")
         finally:
             client.close()  # an open keep-alive connection would hold up the server's shutdown
+        if self.heal and self.healer is None:
+            self.healer = Healer(self).start()
+
+    def repository_call(self, action: str, model: str = "") -> list[dict]:
+        """Call Triton's model repository API with the launcher's key.
+
+        Args:
+            action: ``load``, ``unload`` (of ``model``; blocks until done) or ``index`` (every model and its state).
+
+        Returns:
+            For ``index``, Triton's list of ``{"name", "version", "state", "reason"}``; else ``[]``.
+
+        Raises:
+            tritonclient.utils.InferenceServerException: Triton refused or failed (e.g. the model failed to load).
+        """
+        import tritonclient.http as httpclient
+
+        client = httpclient.InferenceServerClient(self.http_url, connection_timeout=600.0, network_timeout=600.0)
+        headers = {REPOSITORY_KEY_HEADER: self._key}
+        try:
+            if action == "index":
+                return client.get_model_repository_index(headers=headers)
+            {"load": client.load_model, "unload": client.unload_model}[action](model, headers=headers)
+            return []
+        finally:
+            client.close()
+
+    def load_unready_models(self) -> None:
+        """Load every model of the repository that is not READY (e.g. an ensemble unloaded with one of its steps).
+
+        Raises:
+            tritonclient.utils.InferenceServerException: a load failed.
+        """
+        for m in self.repository_call("index"):
+            if m.get("state") != "READY":
+                self.repository_call("load", m["name"])
+
+    def _kill(self) -> None:
+        """SIGKILL tritonserver and then its model processes (which would otherwise linger after their parent)."""
+        if self.proc is None:
+            return
+        stubs = stub_processes(self.proc.pid, self.repository) if self.proc.poll() is None else []
+        self.proc.kill()
+        self.proc.wait()
+        for stub in stubs:
+            try:
+                os.kill(stub.pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def restart(self, timeout: float = 600.0, check=None) -> None:
+        """Kill tritonserver and its model processes, start it again on the same ports, wait until every model is
+        ready. :meth:`wait` does not return meanwhile; the caller must call :meth:`restart_done` afterwards.
+
+        Args:
+            check: called at every look while waiting for the new server (:meth:`wait_ready`).
+
+        Raises:
+            RuntimeError: the new server did not get ready (it is killed again).
+            Exception: what ``check`` raised (the new server is killed).
+        """
+        with self._cond:
+            self._restarting = True
+        self._kill()
+        self.start()
+        try:
+            self.wait_ready(timeout, check=check)
+        except Exception:
+            self._kill()
+            raise
+
+    def restart_done(self) -> None:
+        """End a :meth:`restart` (successful or not), releasing :meth:`wait`."""
+        with self._cond:
+            self._restarting = False
+            self._cond.notify_all()
+
+    def wait(self) -> int:
+        """Block until tritonserver exits by itself (restarts by the healer do not count) and return its
+        ``Popen.returncode``."""
+        while True:
+            proc = self.proc
+            code = proc.wait()
+            with self._cond:
+                while self._restarting:
+                    self._cond.wait()
+                if self.proc is proc:
+                    return code
 
     def log_tail(self, n: int = 60) -> str:
         """The last ``n`` lines of the server log (when logging to a file)."""
@@ -243,14 +358,15 @@ class TritonServer:
         return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-n:])
 
     def stop(self, timeout: float = 40.0) -> None:
-        """SIGINT the server and wait for it to exit (SIGKILL after ``timeout`` s)."""
+        """Stop the healer, SIGINT the server and wait for it to exit (SIGKILL after ``timeout`` s)."""
+        if self.healer is not None:
+            self.healer.stop()
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                self._kill()
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -265,8 +381,9 @@ class TritonServer:
 def main(argv: list[str] | None = None) -> int:
     """``make serve``: prepare the model, start tritonserver, print the ports once every model is READY.
 
-    Returns 0 after Ctrl-C or SIGTERM (tritonserver is stopped first); if tritonserver dies by itself, a non-zero
-    status and the reason on stderr (:func:`exit_status`)."""
+    While serving, a model process that dies is brought back (:mod:`spec_decode.healing`). Returns 0 after Ctrl-C or
+    SIGTERM (tritonserver is stopped first); if tritonserver dies by itself, or the healer could not restart it, a
+    non-zero status and the reason on stderr (:func:`exit_status`)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
     ap.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
@@ -275,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-model", default=os.environ.get("DRAFT_MODEL", ""),
                     help="draft LM folder (or 'default' for the target itself) to enable speculative_method=draft")
     ap.add_argument("--log-verbose", type=int, default=0)
+    ap.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"),
+                    help="address to listen on (0.0.0.0 in a container)")
     args = ap.parse_args(argv)
 
     prepare_default_model()
@@ -285,18 +404,18 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     overrides = draft_overrides(args.draft_model) if args.draft_model else None
     repo = prepare_repository(overrides, args.model_repository)
-    server = TritonServer(repo, args.http_port, args.grpc_port, args.metrics_port, log_verbose=args.log_verbose)
+    server = TritonServer(repo, args.http_port, args.grpc_port, args.metrics_port, log_verbose=args.log_verbose,
+                          host=args.host)
     server.start()
     try:
         server.wait_ready()
         print(
-            f"\nAll models READY.\n  HTTP    http://127.0.0.1:{server.http_port}\n  gRPC    127.0.0.1:{server.grpc_port}\n"
-            f"  metrics http://127.0.0.1:{server.metrics_port}/metrics\n\nTry:\n"
-            f"  .venv/bin/python -m client.generate --url 127.0.0.1:{server.grpc_port} --humaneval 1 --max-tokens 128\n",
+            f"\nAll models READY.\n  HTTP    http://{server.http_url}\n  gRPC    {server.grpc_url}\n"
+            f"  metrics http://{server.metrics_url}/metrics\n\nTry:\n"
+            f"  .venv/bin/python -m client.generate --url {server.grpc_url} --humaneval 1 --max-tokens 128\n",
             flush=True,
         )
-        code = server.proc.wait()
-        return exit_status(code)
+        return exit_status(server.wait())
     except KeyboardInterrupt:
         return 0
     finally:

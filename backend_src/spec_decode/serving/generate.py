@@ -31,6 +31,7 @@ GENERATE_INPUTS = ("text_input", "max_tokens", "temperature", "top_p", "top_k", 
                    "speculative_method", "acceptance_method")
 STEP_MODEL = "spec_step"
 PLAIN_STEP_MODEL = "score_step"  # target_model -> verifier: a round in which no sequence drafts
+STEP_PARTS = ("draft_model", "target_model", "verifier")  # the models the two ensembles run
 
 
 def drafts(inp: StepInputs) -> bool:
@@ -99,7 +100,7 @@ class TritonStep:
         model, request = self._request(inps, release=False)
         resp = await request.async_exec()
         if resp.has_error():
-            raise RuntimeError(f"{model} failed: {resp.error().message()}")
+            raise RuntimeError(f"{model} failed: {resp.error().message()}{self._unready_parts()}")
         get = self.pb.get_output_tensor_by_name
         ids = get(resp, "output_ids").as_numpy().reshape(len(inps), -1)
         lps = get(resp, "output_log_probs").as_numpy().reshape(len(inps), -1)
@@ -111,6 +112,19 @@ class TritonStep:
             k = 0 if drafted is None else len(strip_padding(drafted[row]))
             out.append(StepResult(ids[row, :n].tolist(), k, lps[row, :n].tolist()))
         return out
+
+    def _unready_parts(self) -> str:
+        """After a failed step: which step models are not ready (a model whose process died is unloaded and loaded
+        again by the launcher, spec_decode/healing.py), as text to append to the error, or ""."""
+        is_ready = getattr(self.pb, "is_model_ready", None)  # Triton's model loading API for BLS
+        try:
+            down = [m for m in STEP_PARTS if is_ready is not None and not is_ready(m)]
+        except Exception:  # noqa: BLE001 - the error at hand matters more than this detail
+            return ""
+        if not down:
+            return ""
+        return (f" [not ready: {', '.join(down)}; a model whose process died is being loaded again, and the server's "
+                f"readiness answers 200 once it is back]")
 
     async def __call__(self, inp: StepInputs) -> StepResult:
         """Run one sequence's step through the ensemble.
@@ -137,7 +151,11 @@ class TritonStep:
                 out.append(res)
             else:
                 logger.warning("a batched step failed (%s); running its %d sequences one by one", res, len(chunk))
-                out += await asyncio.gather(*(self(i) for i in chunk), return_exceptions=True)
+                solo = await asyncio.gather(*(self(i) for i in chunk), return_exceptions=True)
+                # A model process that died fails the round with "Stub process '<instance>' is not healthy"; by the
+                # time the steps run alone its model may be reloading ("... is not ready"): name the first cause.
+                out += [RuntimeError(f"{res} (then, run alone: {r})")
+                        if isinstance(r, BaseException) and str(r) != str(res) else r for r in solo]
         return out
 
     async def release(self, gen: Generation) -> None:
