@@ -47,13 +47,10 @@ def real_model(real_model_dir):
     return load_causal_lm(real_model_dir, torch.device("cpu"), torch.float32)
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory):
-    """A real tritonserver on free ports serving the repository; the target drafts for itself (method=draft)."""
-    from spec_decode.server import TritonServer, draft_overrides, prepare_repository
+def _running_server(repo, log):
+    """Generator for a fixture: a started, ready TritonServer on free ports; stopped afterwards, its log tail printed."""
+    from spec_decode.server import TritonServer
 
-    repo = prepare_repository(draft_overrides("default"))
-    log = tmp_path_factory.mktemp("triton") / "server.log"
     srv = TritonServer(repo, log_path=log)
     srv.start()
     try:
@@ -62,3 +59,18 @@ def server(tmp_path_factory):
     finally:
         srv.stop()
         print(f"\n--- tritonserver log tail ({log}) ---\n{srv.log_tail(40)}")
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """A real tritonserver on free ports serving the repository; the target drafts for itself (method=draft)."""
+    from spec_decode.server import draft_overrides, prepare_repository
+
+    log = tmp_path_factory.mktemp("triton") / "server.log"
+    yield from _running_server(prepare_repository(draft_overrides("default")), log)
+
+
+@pytest.fixture(scope="session")
+def running_server():
+    """For a fixture of its own server: ``yield from running_server(repository, log_path)``."""
+    return _running_server

@@ -54,15 +54,17 @@ class StubProcess(NamedTuple):
         return self.instance != self.model
 
 
-def stub_processes(server_pid: int, repository: Path) -> list[StubProcess]:
-    """The ``triton_python_backend_stub`` children of a tritonserver, from ``/proc`` (Linux only).
+def stub_processes(server_pid: int, repository: Path, orphans: bool = False) -> list[StubProcess]:
+    """The ``triton_python_backend_stub`` processes of a tritonserver, from ``/proc`` (Linux only).
 
-    A stub's command line holds its model's ``model.py`` path (under ``repository``) and its instance name; processes
-    that vanish while being read, and children that are not model stubs, are skipped.
+    A stub's command line holds its model's ``model.py`` path (under ``repository``), its parent's pid and its
+    instance name; processes that vanish while being read, and children that are not model stubs, are skipped.
 
     Args:
         server_pid: tritonserver's process id.
         repository: the model repository it serves.
+        orphans: also the stubs left behind by that tritonserver after it died (no longer its children, but their
+            command line still names it).
 
     Returns:
         One :class:`StubProcess` per live stub, in no particular order.
@@ -73,10 +75,13 @@ def stub_processes(server_pid: int, repository: Path) -> list[StubProcess]:
         if not entry.name.isdigit():
             continue
         try:
-            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) != server_pid:
+            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            if state in ("Z", "X") or (int(ppid) != server_pid and not orphans):
                 continue
             args = [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0")]
             i = next(i for i, a in enumerate(args) if a.startswith(repo + "/") and a.endswith(".py"))
+            if int(ppid) != server_pid and str(server_pid) not in args[i + 1:]:
+                continue
             model = Path(args[i]).relative_to(repo).parts[0]
             instance = next((a for a in args[i + 1:] if a.startswith(model + "_")), model)
             out.append(StubProcess(int(entry.name), model, instance))
@@ -232,7 +237,8 @@ class Healer:
         self.max_attempts = max_attempts
         self.load_grace_s = load_grace_s
         self.events: list[Event] = []
-        self._log = log or (lambda msg: print(f"[spec_decode.healing] {msg}", file=sys.stderr, flush=True))
+        # one write per line, so that lines from concurrent recoveries do not run together
+        self._log = log or (lambda msg: (sys.stderr.write(f"[spec_decode.healing] {msg}\n"), sys.stderr.flush()))
         self._restart_on_death = decoupled_models(server.repository)
         self._lock = threading.Lock()
         self._expected: dict[str, set[int]] = {}

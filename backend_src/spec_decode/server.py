@@ -183,6 +183,7 @@ class TritonServer:
         self._key = ""
         self._cond = threading.Condition()
         self._restarting = False
+        self._stopping = False
 
     @property
     def _local(self) -> str:
@@ -299,14 +300,16 @@ class TritonServer:
             if m.get("state") != "READY":
                 self.repository_call("load", m["name"])
 
-    def _kill(self) -> None:
-        """SIGKILL tritonserver and then its model processes (which would otherwise linger after their parent)."""
-        if self.proc is None:
+    def _kill(self, proc: subprocess.Popen | None = None) -> None:
+        """SIGKILL tritonserver (``proc``, default the current one) and then its model processes, which would otherwise
+        linger after their parent (also those a tritonserver that already died left behind)."""
+        proc = proc or self.proc
+        if proc is None:
             return
-        stubs = stub_processes(self.proc.pid, self.repository) if self.proc.poll() is None else []
-        self.proc.kill()
-        self.proc.wait()
-        for stub in stubs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stub in stub_processes(proc.pid, self.repository, orphans=True):
             try:
                 os.kill(stub.pid, signal.SIGKILL)
             except OSError:
@@ -320,13 +323,18 @@ class TritonServer:
             check: called at every look while waiting for the new server (:meth:`wait_ready`).
 
         Raises:
-            RuntimeError: the new server did not get ready (it is killed again).
+            RuntimeError: :meth:`stop` was called, or the new server did not get ready (it is killed again).
             Exception: what ``check`` raised (the new server is killed).
         """
         with self._cond:
+            if self._stopping:
+                raise RuntimeError("the launcher is stopping")
             self._restarting = True
         self._kill()
-        self.start()
+        with self._cond:  # stop() either saw the old process (dead) or sees this one
+            if self._stopping:
+                raise RuntimeError("the launcher is stopping")
+            self.start()
         try:
             self.wait_ready(timeout, check=check)
         except Exception:
@@ -358,15 +366,20 @@ class TritonServer:
         return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-n:])
 
     def stop(self, timeout: float = 40.0) -> None:
-        """Stop the healer, SIGINT the server and wait for it to exit (SIGKILL after ``timeout`` s)."""
+        """Stop the healer, SIGINT the server and wait for it to exit (SIGKILL after ``timeout`` s; at once while the
+        healer restarts it, since it is not serving then), and kill any model process left behind."""
+        with self._cond:
+            self._stopping = True
+            proc, restarting = self.proc, self._restarting
         if self.healer is not None:
             self.healer.stop()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
+        if proc is not None and proc.poll() is None and not restarting:
+            proc.send_signal(signal.SIGINT)
             try:
-                self.proc.wait(timeout)
+                proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                self._kill()
+                pass
+        self._kill(proc)
         if self._log is not None:
             self._log.close()
             self._log = None

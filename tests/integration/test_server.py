@@ -256,10 +256,36 @@ def test_launcher_exits_non_zero_and_says_why_when_tritonserver_dies(tmp_path):
         server_pid = subprocess.run(["pgrep", "-f", "--", f"--http-port={ports[0]}"], capture_output=True,
                                     text=True).stdout.split()
         assert len(server_pid) == 1, server_pid
+        from spec_decode.healing import stub_processes
+        from spec_decode.server import DEFAULT_REPOSITORY
+
+        stubs = stub_processes(int(server_pid[0]), DEFAULT_REPOSITORY)
+        assert len(stubs) == 4, stubs
+        # streams in flight: a target_model process then outlives tritonserver unless the launcher kills it
+        import threading
+
+        from client.generate import stream_generate
+
+        started = threading.Event()
+
+        def stream():
+            try:
+                stream_generate(f"127.0.0.1:{ports[1]}", "def f(x):\n", 300, ignore_eos=True, timeout_s=60,
+                                on_text=lambda _t: started.set())
+            except Exception:  # noqa: BLE001 - the connection closes: expected
+                pass
+
+        streams = [threading.Thread(target=stream, daemon=True) for _ in range(2)]
+        for t in streams:
+            t.start()
+        assert started.wait(60)
         os.kill(int(server_pid[0]), signal.SIGKILL)
         status = launcher.wait(30)
         assert status == 128 + signal.SIGKILL
         assert "tritonserver killed by SIGKILL while serving" in log_path.read_text()
+        # and no model process is left behind (they would hold their memory, re-parented, for good)
+        time.sleep(0.5)
+        assert stub_processes(int(server_pid[0]), DEFAULT_REPOSITORY, orphans=True) == []
     finally:
         if launcher.poll() is None:
             launcher.kill()

@@ -205,3 +205,49 @@ def test_wait_returns_only_when_tritonserver_exits_by_itself():
     srv.restart_done()
     waiter.join(10)
     assert out == {"code": 3}
+
+
+def test_orphans_of_a_dead_tritonserver_are_found_by_the_pid_on_their_command_line(tmp_path):
+    """The backend passes its own pid to each stub; after tritonserver dies its stubs are re-parented, and the
+    launcher finds (and kills) them by that pid."""
+    dead_server_pid = 4_000_000  # above pid_max: no such process
+    stub = subprocess.Popen([sys.executable, "-c", SLEEPER, f"{tmp_path}/verifier/1/model.py", "shm_region",
+                             str(dead_server_pid), "verifier_0_0"])
+    try:
+        _wait_for(lambda: stub_processes(dead_server_pid, tmp_path, orphans=True) != [])
+        assert [(s.pid, s.instance) for s in stub_processes(dead_server_pid, tmp_path, orphans=True)] == [
+            (stub.pid, "verifier_0_0")]
+        assert stub_processes(dead_server_pid, tmp_path) == []
+    finally:
+        stub.kill()
+        stub.wait()
+
+
+def test_stop_during_a_restart_kills_at_once_and_no_restart_follows(tmp_path):
+    """SIGTERM to the launcher while the healer restarts tritonserver: the loading server is killed at once (it is not
+    serving), and the healer's restart does not start another."""
+    srv = TritonServer(tmp_path, heal=False)
+    srv.proc = subprocess.Popen(["sleep", "30"])
+    with srv._cond:
+        srv._restarting = True
+    t0 = time.monotonic()
+    srv.stop(timeout=40)
+    assert time.monotonic() - t0 < 5 and srv.proc.poll() is not None
+    with pytest.raises(RuntimeError, match="stopping"):
+        srv.restart()
+
+
+def test_stop_kills_the_model_processes_a_dead_tritonserver_left_behind(tmp_path):
+    srv = TritonServer(tmp_path, heal=False)
+    srv.proc = subprocess.Popen(["sleep", "30"])
+    stub = subprocess.Popen([sys.executable, "-c", SLEEPER, f"{tmp_path}/target_model/1/model.py", "shm_region",
+                             str(srv.proc.pid), "target_model_0_0"])
+    try:
+        _wait_for(lambda: stub_processes(srv.proc.pid, tmp_path, orphans=True) != [])
+        srv.proc.kill()
+        srv.proc.wait()  # tritonserver died by itself; its model process lives on
+        srv.stop()
+        assert stub.wait(5) == -9
+    finally:
+        stub.kill()
+        stub.wait()

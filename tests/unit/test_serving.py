@@ -374,3 +374,43 @@ def test_rounds_without_drafts_skip_draft_model():
     gen = Generation(9, [3, 4], GenerationRequest("x", 4, speculative_method="none"), _Tok(), [], 256, 1)
     asyncio.run(step.release(gen))
     assert sent[-1].model == "spec_step" and bool(sent[-1].inputs["release"].all())
+
+
+def test_a_failed_release_is_sent_again_with_the_next_one():
+    """While a model of the ensemble reloads, releases fail and the other models keep the caches: the failed release is
+    sent again, in chunks of the ensemble's batch size, with the next one."""
+    from spec_decode.serving.generate import TritonStep
+
+    sent, state = [], {"fail": True}
+
+    class _Req:
+        def __init__(self, model_name, inputs, requested_output_names):
+            self.inputs = {t.name: t.arr for t in inputs}
+            sent.append(self)
+
+        async def async_exec(self):
+            return _ReleaseResponse()
+
+    class _ReleaseResponse:
+        def has_error(self):
+            return state["fail"]
+
+        def error(self):
+            return _Error("Model 'spec_step' is not ready.", _Error.INTERNAL)
+
+    class _Pb(FakePb):
+        InferenceRequest = _Req
+
+    step = TritonStep(_Pb, max_batch_size=2)
+    gens = [Generation(i, [3, 4], GenerationRequest("x", 4, speculative_method="none"), _Tok(), [], 256, 1)
+            for i in range(1, 5)]
+    for g in gens[:3]:
+        asyncio.run(step.release(g))  # the ensemble is not ready: all three are kept
+    assert [len(r.inputs["sequence_id"]) for r in sent] == [1, 2, 2, 1]  # 1; 2+1 pending; 3 in chunks of 2
+    state["fail"], sent[:] = False, []
+    asyncio.run(step.release(gens[3]))
+    released = sorted(int(i) for r in sent for i in r.inputs["sequence_id"].ravel())
+    assert released == [1, 2, 3, 4] and all(bool(r.inputs["release"].all()) for r in sent)
+    sent[:] = []
+    asyncio.run(step.release(gens[0]))  # nothing pending any more
+    assert [r.inputs["sequence_id"].ravel().tolist() for r in sent] == [[1]]

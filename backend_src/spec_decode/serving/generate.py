@@ -32,6 +32,7 @@ GENERATE_INPUTS = ("text_input", "max_tokens", "temperature", "top_p", "top_k", 
 STEP_MODEL = "spec_step"
 PLAIN_STEP_MODEL = "score_step"  # target_model -> verifier: a round in which no sequence drafts
 STEP_PARTS = ("draft_model", "target_model", "verifier")  # the models the two ensembles run
+MAX_PENDING_RELEASES = 256  # failed releases kept to send again (TritonStep.release)
 
 
 def drafts(inp: StepInputs) -> bool:
@@ -64,6 +65,7 @@ class TritonStep:
         self.model_name = model_name
         self.plain_model_name = plain_model_name
         self.max_batch_size = max_batch_size
+        self._pending_releases: list[StepInputs] = []
 
     def _request(self, inps: list[StepInputs], release: bool):
         """The BLS request of a round and the ensemble it goes to: ``spec_step``, or ``score_step`` (no draft_model
@@ -159,14 +161,31 @@ class TritonStep:
         return out
 
     async def release(self, gen: Generation) -> None:
-        """Free the sequence's caches in every model of the ensemble (errors are logged, not raised)."""
+        """Free the sequence's caches in every model of the ensemble, together with earlier releases that failed.
+
+        A release fails while a model of the ensemble is being loaded again (its process died): the other models then
+        still hold the sequence's caches, so the release is kept (the newest ``MAX_PENDING_RELEASES``; the models'
+        LRU bound covers the rest) and sent again with the next one. Errors are logged, not raised.
+        """
         try:
-            inp = gen.next_step()
-            resp = await self._request([inp], release=True)[1].async_exec()
-            if resp.has_error():
-                logger.warning("release of sequence %d failed: %s", gen.seq_id, resp.error().message())
+            inps = [gen.next_step()] + self._pending_releases
         except Exception:  # noqa: BLE001
             logger.warning("release of sequence %d failed: %s", gen.seq_id, traceback.format_exc())
+            return
+        self._pending_releases = []
+        failed = []
+        for i in range(0, len(inps), self.max_batch_size):
+            chunk = inps[i:i + self.max_batch_size]
+            try:
+                resp = await self._request(chunk, release=True)[1].async_exec()
+                error = resp.error().message() if resp.has_error() else None
+            except Exception:  # noqa: BLE001
+                error = traceback.format_exc()
+            if error is not None:
+                failed += chunk
+                logger.warning("release of sequences %s failed (sent again with the next release): %s",
+                               [x.seq_id for x in chunk], error)
+        self._pending_releases = (self._pending_releases + failed)[-MAX_PENDING_RELEASES:]
 
 
 class GenerateBackend:
