@@ -376,12 +376,13 @@ def test_rounds_without_drafts_skip_draft_model():
     assert sent[-1].model == "spec_step" and bool(sent[-1].inputs["release"].all())
 
 
-def test_a_failed_release_is_sent_again_with_the_next_one():
-    """While a model of the ensemble reloads, releases fail and the other models keep the caches: the failed release is
-    sent again, in chunks of the ensemble's batch size, with the next one."""
+def test_a_release_that_fails_during_a_reload_is_sent_again_after_the_next_one():
+    """While a model of the ensemble reloads, releases fail and the other models keep the caches: such a release is
+    kept and sent again, in chunks of the ensemble's batch size, after the next release that succeeds. A release that
+    fails while every model is ready (bad input) is dropped, so it cannot block later ones."""
     from spec_decode.serving.generate import TritonStep
 
-    sent, state = [], {"fail": True}
+    sent, state = [], {"fail": True, "ready": False}
 
     class _Req:
         def __init__(self, model_name, inputs, requested_output_names):
@@ -401,16 +402,25 @@ def test_a_failed_release_is_sent_again_with_the_next_one():
     class _Pb(FakePb):
         InferenceRequest = _Req
 
+        @staticmethod
+        def is_model_ready(name):
+            return state["ready"]
+
+    rows = lambda: [r.inputs["sequence_id"].ravel().tolist() for r in sent]  # noqa: E731
     step = TritonStep(_Pb, max_batch_size=2)
     gens = [Generation(i, [3, 4], GenerationRequest("x", 4, speculative_method="none"), _Tok(), [], 256, 1)
-            for i in range(1, 5)]
+            for i in range(1, 6)]
     for g in gens[:3]:
-        asyncio.run(step.release(g))  # the ensemble is not ready: all three are kept
-    assert [len(r.inputs["sequence_id"]) for r in sent] == [1, 2, 2, 1]  # 1; 2+1 pending; 3 in chunks of 2
-    state["fail"], sent[:] = False, []
-    asyncio.run(step.release(gens[3]))
-    released = sorted(int(i) for r in sent for i in r.inputs["sequence_id"].ravel())
-    assert released == [1, 2, 3, 4] and all(bool(r.inputs["release"].all()) for r in sent)
+        asyncio.run(step.release(g))  # the ensemble is not ready: each is tried once and kept
+    assert rows() == [[1], [2], [3]]
+    state.update(fail=False, ready=True)
     sent[:] = []
-    asyncio.run(step.release(gens[0]))  # nothing pending any more
-    assert [r.inputs["sequence_id"].ravel().tolist() for r in sent] == [[1]]
+    asyncio.run(step.release(gens[3]))
+    assert rows()[0] == [4] and sorted(sum(rows()[1:], [])) == [1, 2, 3] and len(rows()) == 3  # chunks of 2
+    assert all(bool(r.inputs["release"].all()) for r in sent)
+    state.update(fail=True, ready=True)  # a failure with every model ready: dropped
+    sent[:] = []
+    asyncio.run(step.release(gens[4]))
+    state.update(fail=False)
+    asyncio.run(step.release(gens[0]))
+    assert rows() == [[5], [1]]

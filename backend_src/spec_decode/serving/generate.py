@@ -161,19 +161,27 @@ class TritonStep:
         return out
 
     async def release(self, gen: Generation) -> None:
-        """Free the sequence's caches in every model of the ensemble, together with earlier releases that failed.
+        """Free the sequence's caches in every model of the ensemble; then send again earlier releases that failed.
 
         A release fails while a model of the ensemble is being loaded again (its process died): the other models then
-        still hold the sequence's caches, so the release is kept (the newest ``MAX_PENDING_RELEASES``; the models'
-        LRU bound covers the rest) and sent again with the next one. Errors are logged, not raised.
+        still hold the sequence's caches. Such a release (one that failed while a step model was not ready) is kept,
+        the newest ``MAX_PENDING_RELEASES`` (the models' LRU bound covers the rest), and sent again, in requests of
+        its own, after the next release that succeeds. A release that fails otherwise is logged and dropped, as
+        before. Errors are logged, not raised.
         """
         try:
-            inps = [gen.next_step()] + self._pending_releases
+            inp = gen.next_step()
         except Exception:  # noqa: BLE001
             logger.warning("release of sequence %d failed: %s", gen.seq_id, traceback.format_exc())
             return
-        self._pending_releases = []
-        failed = []
+        pending, self._pending_releases = self._pending_releases, []
+        kept = await self._send_releases([inp])
+        kept += pending if kept or not pending else await self._send_releases(pending)
+        self._pending_releases = (self._pending_releases + kept)[-MAX_PENDING_RELEASES:]
+
+    async def _send_releases(self, inps: list[StepInputs]) -> list[StepInputs]:
+        """Send releases, ``max_batch_size`` per request; returns those that failed while a step model was not ready."""
+        kept = []
         for i in range(0, len(inps), self.max_batch_size):
             chunk = inps[i:i + self.max_batch_size]
             try:
@@ -181,11 +189,14 @@ class TritonStep:
                 error = resp.error().message() if resp.has_error() else None
             except Exception:  # noqa: BLE001
                 error = traceback.format_exc()
-            if error is not None:
-                failed += chunk
-                logger.warning("release of sequences %s failed (sent again with the next release): %s",
-                               [x.seq_id for x in chunk], error)
-        self._pending_releases = (self._pending_releases + failed)[-MAX_PENDING_RELEASES:]
+            if error is None:
+                continue
+            unready = self._unready_parts()
+            if unready:
+                kept += chunk
+            logger.warning("release of sequences %s failed%s: %s%s", [x.seq_id for x in chunk],
+                           " (sent again after the next release)" if unready else "", error, unready)
+        return kept
 
 
 class GenerateBackend:
