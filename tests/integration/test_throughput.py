@@ -24,7 +24,12 @@ def test_concurrent_streams_step_in_rounds_that_share_one_target_forward(server)
     batched request per round), and each output equals the same request run alone."""
     prompts = humaneval_prompts(4)
     kw = dict(speculative_method="none", ignore_eos=True)
+    before_solo = _batching(server, "target_model")[0]
     solo = [stream_generate(server.grpc_url, p, 24, **kw).output_ids for p in prompts]
+    # each solo run's release is sent just after its final response: let the last one land before counting
+    deadline = time.monotonic() + 10
+    while _batching(server, "target_model")[0] - before_solo < 4 * 24 + 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
     results = [None] * 4
     go = threading.Barrier(4)
 
