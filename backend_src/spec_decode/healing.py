@@ -17,8 +17,10 @@ triton-inference-server/server issues #7862 and #8604). :class:`Healer` watches 
   server is restarted on the same ports (SIGKILL, start, wait until every model is ready), which closes every client
   connection: their streams end at once with a transport error (gRPC ``UNAVAILABLE``) instead of waiting forever.
 
-A load that fails (the new process dies while loading: a second fault during recovery) is retried; after
-``max_attempts`` failures the healer restarts the whole server, and if that fails too the launcher exits non-zero.
+A new process that dies while its model loads (a second fault during recovery) leaves Triton's load waiting forever,
+so :class:`LoadWatch` looks for that and the healer restarts the whole server; a load that fails otherwise is retried,
+and after ``max_attempts`` failures the whole server is restarted too. After 3 failed restarts the healer gives up and
+the launcher exits non-zero.
 """
 
 from __future__ import annotations
