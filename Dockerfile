@@ -1,6 +1,6 @@
 # Production image on NVIDIA's official Triton image (24.10 = tritonserver 2.51, Python 3.10, CUDA 12.6).
 # Build:  docker build -t spec-decode .
-# Run:    docker run --gpus all --rm -p 8000:8000 -p 8001:8001 -p 8002:8002 spec-decode
+# Run:    docker run --gpus all --rm --shm-size=1g -p 8000:8000 -p 8001:8001 -p 8002:8002 spec-decode
 FROM nvcr.io/nvidia/tritonserver:24.10-py3
 
 WORKDIR /opt/spec_decode
