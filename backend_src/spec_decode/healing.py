@@ -25,6 +25,7 @@ the launcher exits non-zero.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import threading
@@ -44,11 +45,13 @@ class StubProcess(NamedTuple):
         model: the model's folder name in the repository (e.g. ``target_model``).
         instance: Triton's instance name (e.g. ``target_model_0_0``), or the model's name for the short-lived process
             the backend starts at the beginning of a load to complete the model's configuration.
+        shm_region: the name of its shared-memory region under ``/dev/shm`` ("" if not found).
     """
 
     pid: int
     model: str
     instance: str
+    shm_region: str = ""
 
     @property
     def serves(self) -> bool:
@@ -86,7 +89,8 @@ def stub_processes(server_pid: int, repository: Path, orphans: bool = False) -> 
                 continue
             model = Path(args[i]).relative_to(repo).parts[0]
             instance = next((a for a in args[i + 1:] if a.startswith(model + "_")), model)
-            out.append(StubProcess(int(entry.name), model, instance))
+            region = next((a for a in args[i + 1:] if a.startswith(SHM_PREFIX)), "")
+            out.append(StubProcess(int(entry.name), model, instance, region))
         except (OSError, StopIteration, IndexError, ValueError):
             continue  # gone, or not a model stub
     return out
@@ -94,6 +98,21 @@ def stub_processes(server_pid: int, repository: Path, orphans: bool = False) -> 
 
 def _config(cfg: Path) -> str:
     return "\n".join(line.split("#", 1)[0] for line in cfg.read_text().splitlines())
+
+
+SHM_PREFIX = "triton_python_backend_shm_region_"
+
+
+def remove_shm_regions(names) -> None:
+    """Unlink the ``/dev/shm`` regions of model processes that are gone (Triton leaves a dead process's 1 MiB region
+    behind). Names that are not Python-backend regions, and regions already gone, are skipped; a mapping that still
+    exists stays valid (POSIX unlink semantics)."""
+    for name in names:
+        if name.startswith(SHM_PREFIX) and "/" not in name:
+            try:
+                os.unlink(f"/dev/shm/{name}")
+            except OSError:
+                pass
 
 
 def process_alive(pid: int, parent_pid: int) -> bool:
@@ -245,6 +264,7 @@ class Healer:
         self._lock = threading.Lock()
         self._expected: dict[str, set[int]] = {}
         self._busy: set[str] = set()  # models being reloaded ("tritonserver": a restart in progress)
+        self._regions: dict[int, str] = {}  # expected process -> its /dev/shm region
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -279,6 +299,7 @@ class Healer:
         for s in stub_processes(self.server.proc.pid, self.server.repository):
             if s.serves:
                 live.setdefault(s.model, set()).add(s.pid)
+                self._regions[s.pid] = s.shm_region
         with self._lock:
             self._expected = live
 
@@ -312,7 +333,8 @@ class Healer:
                     self._busy.add("tritonserver")
                 self._event(model, "died", f"process {', '.join(map(str, sorted(gone)))} is gone")
                 target = self._restart if restart else self._reload
-                threading.Thread(target=target, args=(model, self.server.generation), daemon=True,
+                regions = [self._regions.pop(pid, "") for pid in gone]
+                threading.Thread(target=target, args=(model, self.server.generation, regions), daemon=True,
                                  name=f"spec-decode-heal-{model}").start()
                 if restart:
                     break
@@ -320,7 +342,7 @@ class Healer:
 
     # -- recovery ----------------------------------------------------------------------------------------------------
 
-    def _reload(self, model: str, generation: int) -> None:
+    def _reload(self, model: str, generation: int, regions=()) -> None:
         t0 = time.monotonic()
         expected = len(self._expected.get(model, ())) or 1
         self._event(model, "reloading", "unload and load through the repository API; server not ready meanwhile")
@@ -334,8 +356,9 @@ class Healer:
             watch = LoadWatch(self.server, model, self.load_grace_s)
             try:
                 watch.run(lambda: self.server.repository_call("load", model), min(self.poll_s, 0.1))
-                pids = {s.pid for s in stub_processes(self.server.proc.pid, self.server.repository)
-                        if s.model == model and s.serves}
+                stubs = [s for s in stub_processes(self.server.proc.pid, self.server.repository)
+                         if s.model == model and s.serves]
+                pids = {s.pid for s in stubs}
                 if len(pids) < expected:
                     raise RuntimeError(f"{len(pids)} of {expected} processes alive after the load")
                 self.server.load_unready_models()
@@ -351,15 +374,17 @@ class Healer:
             with self._lock:
                 self._expected[model] = pids
                 self._busy.discard(model)
+            self._regions.update({x.pid: x.shm_region for x in stubs})
+            remove_shm_regions(regions)
             self._event(model, "reloaded", f"in {time.monotonic() - t0:.1f} s (process {', '.join(map(str, pids))})")
             return
         with self._lock:
             if "tritonserver" in self._busy:
                 return self._done(model)
             self._busy.add("tritonserver")
-        self._restart(model, generation)
+        self._restart(model, generation, regions)
 
-    def _restart(self, model: str, generation: int) -> None:
+    def _restart(self, model: str, generation: int, regions=()) -> None:
         t0 = time.monotonic()
         try:
             for attempt in range(1, 4):
@@ -372,6 +397,7 @@ class Healer:
                 except Exception as e:  # noqa: BLE001
                     self._event("tritonserver", "load_failed", f"attempt {attempt}: {str(e).splitlines()[0]}")
                     continue
+                remove_shm_regions(regions)  # the others went with the old server (TritonServer._kill)
                 self._rebaseline()
                 self._event("tritonserver", "restarted", f"in {time.monotonic() - t0:.1f} s; every model ready")
                 return

@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from .healing import Healer, stub_processes
+from .healing import Healer, remove_shm_regions, stub_processes
 from .models import cache_dir, prepare_default_model
 
 MODELS = ("generate", "spec_step", "score_step", "draft_model", "target_model", "verifier")
@@ -302,18 +302,21 @@ class TritonServer:
 
     def _kill(self, proc: subprocess.Popen | None = None) -> None:
         """SIGKILL tritonserver (``proc``, default the current one) and then its model processes, which would otherwise
-        linger after their parent (also those a tritonserver that already died left behind)."""
+        linger after their parent (also those a tritonserver that already died left behind), and remove their shared
+        memory regions."""
         proc = proc or self.proc
         if proc is None:
             return
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        for stub in stub_processes(proc.pid, self.repository, orphans=True):
+        stubs = stub_processes(proc.pid, self.repository, orphans=True)
+        for stub in stubs:
             try:
                 os.kill(stub.pid, signal.SIGKILL)
             except OSError:
                 pass
+        remove_shm_regions(s.shm_region for s in stubs)
 
     def restart(self, timeout: float = 600.0, check=None) -> None:
         """Kill tritonserver and its model processes, start it again on the same ports, wait until every model is

@@ -251,3 +251,26 @@ def test_stop_kills_the_model_processes_a_dead_tritonserver_left_behind(tmp_path
     finally:
         stub.kill()
         stub.wait()
+
+
+def test_the_shared_memory_region_of_a_dead_process_is_removed_after_its_reload(fake, tmp_path):
+    import uuid
+
+    region = f"triton_python_backend_shm_region_test-{uuid.uuid4()}"
+    shm = Path("/dev/shm") / region
+    shm.write_bytes(b"\0" * 16)
+    try:
+        fake.stubs["verifier"].kill()
+        fake.stubs["verifier"].wait()
+        fake.stubs["verifier"] = subprocess.Popen([sys.executable, "-c", SLEEPER, f"{tmp_path}/verifier/1/model.py",
+                                                   region, "verifier_0_0"])
+        _wait_for(lambda: any(s.shm_region == region for s in stub_processes(fake.proc.pid, tmp_path)))
+        healer = Healer(fake, log=lambda m: None)
+        healer._rebaseline()
+        fake.stubs["verifier"].kill()
+        fake.stubs["verifier"].wait()
+        assert healer.check() == ["verifier"]
+        _wait_for(lambda: not healer.busy())
+        assert not shm.exists()
+    finally:
+        shm.unlink(missing_ok=True)
