@@ -80,12 +80,12 @@ def stub_processes(server_pid: int, repository: Path, orphans: bool = False) -> 
         if not entry.name.isdigit():
             continue
         try:
-            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
-            if state in ("Z", "X") or (int(ppid) != server_pid and not orphans):
+            running, ppid = _state(int(entry.name))
+            if not running or (ppid != server_pid and not orphans):
                 continue
             args = [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0")]
             i = next(i for i, a in enumerate(args) if a.startswith(repo + "/") and a.endswith(".py"))
-            if int(ppid) != server_pid and str(server_pid) not in args[i + 1:]:
+            if ppid != server_pid and str(server_pid) not in args[i + 1:]:
                 continue
             model = Path(args[i]).relative_to(repo).parts[0]
             instance = next((a for a in args[i + 1:] if a.startswith(model + "_")), model)
@@ -115,14 +115,23 @@ def remove_shm_regions(names) -> None:
                 pass
 
 
+def _state(pid: int) -> tuple[bool, int]:
+    """(runs: neither a zombie nor dead, parent pid) from ``/proc/<pid>/stat``.
+
+    Raises:
+        OSError: no such process.
+    """
+    state, ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:2]
+    return state not in ("Z", "X"), int(ppid)
+
+
 def process_alive(pid: int, parent_pid: int) -> bool:
     """Whether process ``pid`` runs (not a zombie) as a child of ``parent_pid``: one read of ``/proc/<pid>/stat``, so
     cheap enough to look often (a pid reused by another process has another parent)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        return _state(pid) == (True, parent_pid)
+    except OSError:
         return False
-    return fields[0] not in ("Z", "X") and int(fields[1]) == parent_pid
 
 
 _DECOUPLED = re.compile(r"model_transaction_policy\s*\{[^}]*decoupled\s*:\s*true", re.S)
@@ -236,6 +245,12 @@ class Event(NamedTuple):
     detail: str
 
 
+def _stderr_line(msg: str) -> None:
+    """The healer's default log: one write per line, so that lines from concurrent recoveries do not run together."""
+    sys.stderr.write(f"[spec_decode.healing] {msg}\n")
+    sys.stderr.flush()
+
+
 class Healer:
     """Watch a :class:`~spec_decode.server.TritonServer`'s model processes and bring dead ones back (module docstring).
 
@@ -258,8 +273,7 @@ class Healer:
         self.max_attempts = max_attempts
         self.load_grace_s = load_grace_s
         self.events: list[Event] = []
-        # one write per line, so that lines from concurrent recoveries do not run together
-        self._log = log or (lambda msg: (sys.stderr.write(f"[spec_decode.healing] {msg}\n"), sys.stderr.flush()))
+        self._log = log or _stderr_line
         self._restart_on_death = decoupled_models(server.repository)
         self._lock = threading.Lock()
         self._expected: dict[str, set[int]] = {}

@@ -176,7 +176,10 @@ class TritonStep:
             return
         pending, self._pending_releases = self._pending_releases, []
         kept = await self._send_releases([inp])
-        kept += pending if kept or not pending else await self._send_releases(pending)
+        if pending and not kept:  # the ensemble is back: send the earlier failures
+            kept = await self._send_releases(pending)
+        else:
+            kept += pending
         self._pending_releases = (self._pending_releases + kept)[-MAX_PENDING_RELEASES:]
 
     async def _send_releases(self, inps: list[StepInputs]) -> list[StepInputs]:
