@@ -6,6 +6,9 @@
 #               HumanEval workload (two passes) through a fresh server per method with the speed goals, the forward
 #               cost against new positions (target and draft LM, with the roofline), the draft's cost, suffix decoding's
 #               cache at 10,000 cached responses, then the verifier (torch here; Triton kernels where CUDA is available)
+# make gpu-check - on a GPU machine (no network, nothing installed: python3 with torch, triton, transformers, numpy):
+#               the verifier's kernels against the torch path, their bandwidth, and speculative decoding on CUDA with a
+#               random ~1.2B Llama (bench/gpu_check.py; results/gpu_check.json). Without CUDA: its CPU mode, tiny sizes
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
@@ -14,7 +17,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 export HTTP_PORT GRPC_PORT METRICS_PORT
 
-.PHONY: setup serve draft test bench bench-serving bench-verifier client clean
+.PHONY: setup serve draft test bench bench-serving bench-verifier gpu-check client clean
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml scripts/setup.sh scripts/build_suffix_tree.sh
 	bash scripts/setup.sh
@@ -49,6 +52,11 @@ bench-serving: $(STAMP)
 
 bench-verifier: $(STAMP)
 	$(PY) bench/verifier.py --output results/verifier.json
+
+# Installs nothing (a GPU machine may have no network): the project's venv when there is one, else python3.
+GPU_CHECK_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+gpu-check:
+	$(GPU_CHECK_PY) bench/gpu_check.py --output results/gpu_check.json
 
 client: $(STAMP)
 	$(PY) -m client.generate --url 127.0.0.1:$(GRPC_PORT) --humaneval 1 --max-tokens 128

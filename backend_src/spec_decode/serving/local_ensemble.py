@@ -1,0 +1,101 @@
+"""The ``spec_step`` ensemble in one process: the three step models' backends called as Triton calls them.
+
+:class:`LocalEnsemble` runs a round of steps (one per sequence) through :class:`~.step_models.DraftBackend`,
+:class:`~.step_models.TargetBackend` and :class:`~.step_models.VerifierBackend` with the tensors laid out as they
+cross the real ensemble: generate's request stacks the round's rows and pads them with -1
+(:func:`~.adapter.stack_rows`), each model gets one inputs dict per row (as :func:`~.adapter.read_rows` gives it),
+draft_model and target_model serve the round through ``run_batch`` (one batched forward each), the verifier row by
+row, and each model's outputs are stacked and padded to the round's largest k before the next model reads them. A
+round without drafts skips draft_model, as generate's ``score_step`` ensemble does.
+
+It is what ``bench/gpu_check.py`` runs on a GPU machine that has no tritonserver: the served models' CUDA path (KV
+caches and batched rounds on the device, probabilities that never leave it) without Triton's processes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..loop import StepInputs, StepResult
+from .adapter import stack_rows, strip_padding
+
+
+def _col(value, dtype) -> np.ndarray:
+    """A row's [1] tensor (one element of a [batch, 1] input)."""
+    return np.array([value], dtype)
+
+
+def _stack(outputs: list[dict], name: str):
+    """One output of every row, stacked and padded as the ensemble hands it to the next model."""
+    return stack_rows([o[name] for o in outputs])
+
+
+def _raise_first(outputs: list) -> list[dict]:
+    """A request with a failing row fails as a whole (the ensemble's error response): raise that row's exception."""
+    for o in outputs:
+        if isinstance(o, Exception):
+            raise o
+    return outputs
+
+
+class LocalEnsemble:
+    """draft_model -> target_model -> verifier for a round of sequences, in this process.
+
+    Args:
+        draft: a :class:`~.step_models.DraftBackend`.
+        target: a :class:`~.step_models.TargetBackend`.
+        verifier: a :class:`~.step_models.VerifierBackend`.
+    """
+
+    def __init__(self, draft, target, verifier):
+        self.draft, self.target, self.verifier = draft, target, verifier
+
+    def _rows(self, inps: list[StepInputs], release: bool) -> list[dict]:
+        ids = stack_rows([np.asarray(i.token_ids, np.int64) for i in inps])
+        return [{
+            "sequence_id": _col(i.seq_id, np.uint64), "token_ids": ids[row],
+            "num_draft_tokens": _col(i.num_draft_tokens, np.int32),
+            "speculative_method": _col(i.method.encode(), np.object_),
+            "temperature": _col(i.params.temperature, np.float32), "top_k": _col(i.params.top_k, np.int32),
+            "top_p": _col(i.params.top_p, np.float32), "random_seed": _col(i.params.seed, np.int64),
+            "seeded": _col(i.params.seeded, np.bool_), "step": _col(i.step, np.int64),
+            "release": _col(release, np.bool_), "acceptance_method": _col(i.acceptance_method.encode(), np.object_),
+        } for row, i in enumerate(inps)]
+
+    def _run(self, inps: list[StepInputs], release: bool) -> list[dict]:
+        rows = self._rows(inps, release)
+        if release or any(i.num_draft_tokens > 0 and i.method != "none" for i in inps):
+            drafted = _raise_first(self.draft.run_batch(rows))
+            draft_ids, draft_probs = _stack(drafted, "draft_token_ids"), _stack(drafted, "draft_probs")
+        else:  # score_step: no draft_model hop
+            draft_ids, draft_probs = np.zeros((len(inps), 0), np.int64), np.zeros((len(inps), 0, 0), np.float32)
+        for row, r in enumerate(rows):
+            r["draft_token_ids"], r["draft_probs"] = draft_ids[row], draft_probs[row]
+        target_probs = _stack(_raise_first(self.target.run_batch(rows)), "target_probs")
+        outs = []
+        for row, r in enumerate(rows):
+            r["target_probs"] = target_probs[row]
+            outs.append(self.verifier.run({name: r[name] for name in self.verifier.INPUTS}))
+        for o, row_ids in zip(outs, draft_ids):
+            o["num_drafted"] = len(strip_padding(row_ids))
+        return outs
+
+    def run_round(self, inps: list[StepInputs]) -> list[StepResult]:
+        """Run one step of every sequence in ``inps`` (distinct seq_ids); returns their results in order.
+
+        Raises:
+            ValueError: an invalid input of any row (the first such row's error, as the ensemble's error response).
+        """
+        results = []
+        for o in self._run(inps, release=False):
+            ids = strip_padding(o["output_ids"])
+            results.append(StepResult(ids, o["num_drafted"], np.asarray(o["output_log_probs"])[:len(ids)].tolist()))
+        return results
+
+    def release(self, inps: list[StepInputs]) -> None:
+        """Free the sequences' caches in every model; their final ``token_ids`` join the suffix cache.
+
+        Raises:
+            ValueError: as :meth:`run_round`.
+        """
+        self._run(inps, release=True)
