@@ -88,16 +88,18 @@ class _Transformers:
     def __init__(self, model, prompts: dict[int, list[int]]):
         from transformers import DynamicCache
 
-        self.model, self.caches = model, {}
+        from spec_decode.kv_cache import cache_keyword
+
+        self.model, self.caches, self.kw = model, {}, cache_keyword(model)
         with torch.inference_mode():
             for c, ids in prompts.items():
                 cache = DynamicCache(config=model.config)
-                model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True, logits_to_keep=1)
+                model(input_ids=torch.tensor([ids]), use_cache=True, logits_to_keep=1, **{self.kw: cache})
                 self.caches[c] = cache
 
     @torch.inference_mode()
     def __call__(self, c: int, new: list[int]) -> None:
-        self.model(input_ids=torch.tensor([new]), cache=self.caches[c], use_cache=True, logits_to_keep=len(new))
+        self.model(input_ids=torch.tensor([new]), use_cache=True, logits_to_keep=len(new), **{self.kw: self.caches[c]})
         self.caches[c].crop(-len(new))
 
 

@@ -15,6 +15,15 @@ from dataclasses import dataclass, field
 import torch
 
 
+def cache_keyword(model) -> str:
+    """The keyword by which ``model.forward`` takes its KV cache: ``cache`` in the transformers that
+    requirements.txt pins (where ``past_key_values`` is deprecated), ``past_key_values`` in earlier 5.x releases such as
+    5.17 (which would pass an unknown ``cache`` on to the attention and ignore it)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def common_prefix_len(a: list[int], b: list[int]) -> int:
     """Length of the longest common prefix of two token lists."""
     n = min(len(a), len(b))
@@ -68,6 +77,7 @@ class CachedCausalLM:
             raise NotImplementedError(f"CachedCausalLM supports full-attention models only; this one has layer types "
                                       f"{sorted(types)}")
         self.vocab_size = int(model.config.vocab_size)
+        self._cache_kw = cache_keyword(model)
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -243,7 +253,7 @@ class CachedCausalLM:
         n_keep = max(n for *_, n in batch)
         try:
             out = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
-                             cache=_RoundCache(rows, c_max, n_max), use_cache=True, logits_to_keep=n_keep)
+                             use_cache=True, logits_to_keep=n_keep, **{self._cache_kw: _RoundCache(rows, c_max, n_max)})
         except Exception:
             for _, seq_id, *_ in batch:
                 self._entries.pop(seq_id, None)

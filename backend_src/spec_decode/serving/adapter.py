@@ -17,13 +17,22 @@ logger = logging.getLogger(__name__)
 
 
 def model_parameters(args: dict) -> dict[str, str]:
-    """The ``parameters`` of a model's config.pbtxt as a name -> string_value dict.
+    """The ``parameters`` of a model's config.pbtxt as a name -> string_value dict, with the instance's device.
+
+    An instance of kind GPU (``instance_group [ { kind: KIND_GPU gpus: [ n ] } ]``: Triton creates it for GPU n and
+    passes ``model_instance_kind`` "GPU" and ``model_instance_device_id`` "n") gets ``device`` = ``cuda:n`` when its
+    ``device`` parameter is ``auto`` or absent; a ``device`` set in config.pbtxt overrides the instance's. Instances
+    of kind CPU or MODEL keep ``auto`` (CUDA when the process sees a GPU, else the CPU).
 
     Args:
         args: the ``args`` dict Triton passes to ``initialize`` (its ``model_config`` is JSON).
     """
     config = json.loads(args["model_config"])
-    return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+    params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+    if str(args.get("model_instance_kind", "")).upper() == "GPU" and params.get("device", "").strip().lower() in (
+            "", "auto"):
+        params["device"] = f"cuda:{int(args.get('model_instance_device_id') or 0)}"
+    return params
 
 
 def config_param(params: dict[str, str], name: str, default):

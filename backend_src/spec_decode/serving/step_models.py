@@ -76,6 +76,8 @@ def _load_lm(path, params: dict) -> CachedCausalLM | None:
     if path is None:
         return None
     device = resolve_device(config_param(params, "device", "auto"))
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)  # this process's CUDA context, and the work it launches, on its GPU
     dtype = resolve_dtype(config_param(params, "dtype", "auto"), device)
     logger.info("loading %s on %s (%s)", path, device, dtype)
     return CachedCausalLM(load_causal_lm(path, device, dtype), config_param(params, "max_sequences", 64))

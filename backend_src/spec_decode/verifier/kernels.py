@@ -17,6 +17,8 @@ rejection) cannot change its output and are not checked there.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -266,6 +268,12 @@ def _block_v(v: int) -> int:
     return min(4096, triton.next_power_of_2(v))
 
 
+def _on(dev: torch.device):
+    """A context in which a kernel launches on ``dev``: Triton launches on the current CUDA device, which need not be
+    the one the tensors are on (a verifier fed by a target on another GPU)."""
+    return torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
+
+
 def rejection_triton(target_probs, draft_token_ids, draft_probs, seeds, is_greedy, noise=None) -> torch.Tensor:
     """Launch :func:`rejection_kernel`. ``noise`` = (uniform [B, k], exponential [B, V]) or None (Philox in-kernel).
 
@@ -285,11 +293,12 @@ def rejection_triton(target_probs, draft_token_ids, draft_probs, seeds, is_greed
     else:
         u, e = (t.to(device=dev, dtype=torch.float32).contiguous() for t in noise)
     flags = torch.empty(b, dtype=torch.int32, device=dev)
-    rejection_kernel[(b,)](
-        tp, dp, draft_token_ids.contiguous(), seeds.to(dev).contiguous(),
-        is_greedy.to(device=dev, dtype=torch.int8).contiguous(), u, e, out, flags, k1 - 1, v,
-        HAS_DRAFT_PROBS=draft_probs is not None, HAS_NOISE=noise is not None, BLOCK_V=_block_v(v),
-    )
+    with _on(dev):
+        rejection_kernel[(b,)](
+            tp, dp, draft_token_ids.contiguous(), seeds.to(dev).contiguous(),
+            is_greedy.to(device=dev, dtype=torch.int8).contiguous(), u, e, out, flags, k1 - 1, v,
+            HAS_DRAFT_PROBS=draft_probs is not None, HAS_NOISE=noise is not None, BLOCK_V=_block_v(v),
+        )
     raise_for_flags(flags)
     return out
 
@@ -307,11 +316,12 @@ def typical_triton(target_probs, draft_token_ids, posterior_threshold, posterior
     flags = torch.empty(b, dtype=torch.int32, device=dev)
     e = (exponential.to(device=dev, dtype=torch.float32).contiguous() if exponential is not None
          else torch.empty(1, dtype=torch.float32, device=dev))
-    typical_kernel[(b,)](
-        target_probs.contiguous(), draft_token_ids.contiguous(), seeds.to(dev).contiguous(),
-        is_greedy.to(device=dev, dtype=torch.int8).contiguous(), e, out, flags, k1 - 1, v,
-        as_float32(posterior_threshold), as_float32(posterior_alpha), HAS_NOISE=exponential is not None,
-        BLOCK_V=_block_v(v),
-    )
+    with _on(dev):
+        typical_kernel[(b,)](
+            target_probs.contiguous(), draft_token_ids.contiguous(), seeds.to(dev).contiguous(),
+            is_greedy.to(device=dev, dtype=torch.int8).contiguous(), e, out, flags, k1 - 1, v,
+            as_float32(posterior_threshold), as_float32(posterior_alpha), HAS_NOISE=exponential is not None,
+            BLOCK_V=_block_v(v),
+        )
     raise_for_flags(flags)
     return out
