@@ -110,6 +110,13 @@ def test_stack_rows_pads_and_strip_padding_recovers_rows():
     assert isinstance(probs, torch.Tensor) and probs.shape == (2, 2, 4) and probs[1].abs().sum() == 0
 
 
+def test_stack_rows_keeps_a_device_row_on_its_device_whatever_comes_first():
+    # "meta" stands in for a GPU here: a row off the CPU, after the CPU zeros of rows without draft probabilities
+    device_row = torch.ones(2, 4, device="meta")
+    out = stack_rows([torch.zeros(0, 0), np.zeros((0, 0), np.float32), device_row])
+    assert out.device.type == "meta" and out.shape == (3, 2, 4)
+
+
 class _Pb:
     """The bits of pb_utils that adapter.execute uses."""
 

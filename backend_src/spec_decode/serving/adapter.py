@@ -99,7 +99,8 @@ def stack_rows(values: list):
     """Stack per-sequence outputs into one batched tensor, padding every dimension to the largest row.
 
     Integer tensors are padded with ``PAD_ID``, floating ones with 0. numpy rows give a numpy array; if any row is a
-    torch tensor the result is torch, on that tensor's device.
+    torch tensor the result is torch, on the device of the first row that is on a GPU (else on the CPU): in a round
+    mixing methods, the empty CPU draft_probs of an n-gram row must not pull a draft LM row's off its GPU.
 
     Args:
         values: one array or tensor per row, all of the same rank and dtype.
@@ -116,7 +117,8 @@ def stack_rows(values: list):
         return out
     import torch
 
-    like = next(v for v in values if isinstance(v, torch.Tensor))
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    like = next((v for v in tensors if v.device.type != "cpu"), tensors[0])
     values = [torch.as_tensor(v, device=like.device) for v in values]  # some rows may be numpy (e.g. empty outputs)
     pad = 0 if values[0].is_floating_point() else PAD_ID
     out = torch.full((len(values),) + shape, pad, dtype=values[0].dtype, device=values[0].device)
