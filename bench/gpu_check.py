@@ -85,6 +85,7 @@ from spec_decode.verifier.torch_impl import rejection_torch, typical_torch  # no
 
 CUDA = ARGS.device == "cuda"
 DEV = torch.device("cuda" if CUDA else "cpu")
+torch.set_float32_matmul_precision("highest")  # float32 GEMMs in IEEE float32 (no TF32): the exact greedy check
 EPS, ALPHA = 0.09, 0.3  # typical acceptance's defaults (verifier/config.pbtxt)
 
 # Sizes: the issue's on CUDA; tiny on CPU (the interpreter runs a program in numpy, one at a time).
@@ -92,7 +93,7 @@ if CUDA:
     VOCABS, KS, BATCHES, DTYPES = (49152, 128256, 151936), (1, 4, 8), (1, 8, 64), (torch.float32, torch.bfloat16)
     DIST_ROWS, DIST_V, DIST_K = 1 << 20, 16, 3
     BIG_V, BIG_K = 151936, 8
-    BIG_B = 2**31 // ((BIG_K + 1) * BIG_V) + 2  # B x (k+1) x V > 2^31
+    BIG_B = 2**31 // (BIG_K * BIG_V) + 2  # B x k x V (draft) and B x (k+1) x V (target) > 2^31
     INVARIANCE = (64, 4, 128256)
     BANDWIDTH = (64, 5, 128256)
     LLAMA = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=32,
@@ -108,6 +109,7 @@ else:
                  num_key_value_heads=2, vocab_size=512)
     PROMPTS, PROMPT_LEN, MAX_TOKENS, REPS = 3, 24, 12, 3
 K_DECODE = 4
+VERIFIER_BACKEND = "auto"  # Triton kernels on CUDA; torch when Triton cannot build its launchers (see toolchain())
 FORWARD_NEW_POSITIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 FORWARD_CACHE = 300
 
@@ -217,7 +219,6 @@ def kernels_vs_torch() -> dict:
                             # The in-kernel Philox path (what serving runs): well-formed output.
                             out = rejection_sample(tp, ids, dp, seeds=seeds, is_greedy=greedy, backend="triton")
                             check_output_shape(out, ids, tp, f"philox V={v} k={k} B={b}")
-                        del tp, ids, dp
     print(f"kernels vs torch: {equal}/{compared} comparisons equal", flush=True)
     return {"compared": compared, "equal": equal, "cases": rows}
 
@@ -338,8 +339,20 @@ def copy_bandwidth_gb_s(nbytes: int) -> float:
     return 2 * nbytes / best / 1e9
 
 
+def bench_seconds(fn, reps: int) -> float:
+    """Median seconds of ``fn()``: on CUDA by ``triton.testing.do_bench`` (CUDA events, the L2 cache flushed before
+    each run, so rows re-read across repeats come from memory as in serving), on CPU by :func:`timed`."""
+    if not CUDA:
+        return timed(fn, reps)
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=100, return_mode="median") / 1e3
+
+
 def bandwidth() -> dict:
     """The verifier's bytes per second at B = 64, k = 5, V = 128256 against the device's copy bandwidth."""
+    from spec_decode.verifier.kernels import _block_v, rejection_kernel
+
     b, k, v = BANDWIDTH
     peak = copy_bandwidth_gb_s(1 << 30 if CUDA else 1 << 26)
     gen = torch.Generator(device=DEV).manual_seed(5)
@@ -352,36 +365,43 @@ def bandwidth() -> dict:
         u, e = torch.rand((b, k), generator=gen, device=DEV), exponential((b, v), gen)
         elt = tp.element_size()
         tensor_bytes = (tp.numel() + dp.numel()) * elt
+        out = torch.empty((b, k + 1), dtype=torch.int64, device=DEV)
+        flags = torch.empty(b, dtype=torch.int32, device=DEV)
         for greedy_rows in (False, True):
             greedy = torch.full((b,), greedy_rows, dtype=torch.bool, device=DEV)
-            out = rejection_triton(tp, ids, dp, seeds, greedy)
-            n = ((out >= 0).sum(-1) - 1).cpu()
+            greedy8 = greedy.to(torch.int8)
+            n = ((rejection_triton(tp, ids, dp, seeds, greedy) >= 0).sum(-1) - 1).cpu()
             # What the kernel reads: the row it samples from (p, and q where a draft was rejected there), and for
-            # greedy rows every drafted position's target row (the argmax check), besides a few scalars.
-            per_row = [(1 + (1 if int(m) < k else 0) + (k if greedy_rows else 0)) * v * elt for m in n]
-            read_bytes = sum(per_row)
+            # greedy rows the target row of every position up to the first rejection (the argmax check).
+            read_bytes = sum((1 + (int(m) < k) + (min(int(m) + 1, k) if greedy_rows else 0)) * v * elt for m in n)
+
+            def launch():  # the kernel alone: buffers ready, no flag check (no host sync)
+                rejection_kernel[(b,)](tp, dp, ids, seeds, greedy8, u, e, out, flags, k, v, HAS_DRAFT_PROBS=True,
+                                       HAS_NOISE=False, BLOCK_V=_block_v(v))
+
             variants = {
-                "triton kernel": lambda: rejection_triton(tp, ids, dp, seeds, greedy),
-                "rejection_sample(backend=triton)": lambda: rejection_sample(
-                    tp, ids, dp, seeds=seeds, is_greedy=greedy, backend="triton"),
-                "torch maths (noise given)": lambda: rejection_torch(tp, ids, dp, u, e, greedy),
-                "rejection_sample(backend=torch)": lambda: rejection_sample(
-                    tp, ids, dp, seeds=seeds, is_greedy=greedy, backend="torch"),
+                "kernel launch": (launch, read_bytes),
+                "rejection_triton (+ flag check)": (lambda: rejection_triton(tp, ids, dp, seeds, greedy), read_bytes),
+                "rejection_sample(backend=triton)": (lambda: rejection_sample(
+                    tp, ids, dp, seeds=seeds, is_greedy=greedy, backend="triton"), read_bytes),
+                # the torch path reads the whole tensors (several passes): counted at their size
+                "torch maths (noise given)": (lambda: rejection_torch(tp, ids, dp, u, e, greedy), tensor_bytes),
+                "rejection_sample(backend=torch)": (lambda: rejection_sample(
+                    tp, ids, dp, seeds=seeds, is_greedy=greedy, backend="torch"), tensor_bytes),
             }
             if not CUDA:  # the interpreter's time means nothing: keep the CPU mode short
                 variants = {name: fn for name, fn in variants.items() if "torch" in name}
-            for name, fn in variants.items():
-                s = timed(fn, reps)
-                rows.append({"variant": name, "dtype": str(dtype)[6:], "greedy": greedy_rows, "seconds": s,
-                             "tensor_bytes": tensor_bytes, "read_bytes": read_bytes,
-                             "tensor_GB_per_s": tensor_bytes / s / 1e9, "read_GB_per_s": read_bytes / s / 1e9,
-                             "read_fraction_of_copy": read_bytes / s / 1e9 / peak})
-        del tp, ids, dp, e
+            for name, (fn, counted) in variants.items():
+                sec = bench_seconds(fn, reps)
+                rows.append({"variant": name, "dtype": str(dtype)[6:], "greedy": greedy_rows, "seconds": sec,
+                             "tensor_bytes": tensor_bytes, "kernel_read_bytes": read_bytes, "counted_bytes": counted,
+                             "GB_per_s": counted / sec / 1e9, "fraction_of_copy": counted / sec / 1e9 / peak})
     for r in rows:
         print(f"  {r['variant']:<34}{r['dtype']:>9}{' greedy' if r['greedy'] else ' sampled':>9}"
-              f"{r['seconds'] * 1e3:>9.3f} ms{r['tensor_GB_per_s']:>9.1f} GB/s (tensors){r['read_GB_per_s']:>9.1f}"
-              f" GB/s read ={100 * r['read_fraction_of_copy']:>6.1f}% of copy", flush=True)
-    return {"B": b, "k": k, "V": v, "copy_GB_per_s": peak, "rows": rows}
+              f"{r['seconds'] * 1e3:>9.3f} ms{r['GB_per_s']:>9.1f} GB/s ={100 * r['fraction_of_copy']:>6.1f}% of copy",
+              flush=True)
+    return {"B": b, "k": k, "V": v, "copy_GB_per_s": peak, "rows": rows,
+            "bytes": "kernel rows: what the kernel reads (kernel_read_bytes); torch rows: the tensors' size"}
 
 
 # ---------------------------------------------------------------------------------------------------------------- 3
@@ -396,7 +416,7 @@ def build_models(folder: Path) -> dict:
                       eos_token_id=None, pad_token_id=None)
     with torch.device(DEV):
         target = LlamaForCausalLM(cfg)
-    draft = truncated_copy(target, 2)
+        draft = truncated_copy(target, 2)
     paths = {"target": folder / "target", "draft": folder / "draft"}
     for name, model in (("target", target), ("draft", draft)):
         model.to(torch.bfloat16).save_pretrained(paths[name])
@@ -405,7 +425,7 @@ def build_models(folder: Path) -> dict:
     return {"paths": paths, "target_parameters": params}
 
 
-def load_ensembles(paths: dict, dtype: str) -> dict:
+def load_ensembles(paths: dict, dtype: str, verifier_backend: str) -> dict:
     """method -> LocalEnsemble: the served backends on DEV with ``dtype``; "self" drafts with the target itself."""
     from transformers.utils import logging as hf_logging
 
@@ -416,7 +436,7 @@ def load_ensembles(paths: dict, dtype: str) -> dict:
 
     common = {"device": DEV.type, "dtype": dtype, "max_sequences": "64"}
     target = TargetBackend({**common, "model_path": str(paths["target"])})
-    verifier = VerifierBackend({"num_threads": "0"})
+    verifier = VerifierBackend({"num_threads": "0", "backend": verifier_backend})
     suffix = {"suffix_backend": "python", "suffix_max_cached_requests": "64"}
     draft = DraftBackend({**common, **suffix, "draft_model_path": str(paths["draft"])})
     self_draft = DraftBackend({**common, **suffix, "draft_model_path": str(paths["target"])})
@@ -429,9 +449,10 @@ class _SeqIds:
     next = 1
 
 
-def decode(ensemble, method: str, prompts: list[list[int]], batch: int) -> dict:
+def decode(ensemble, method: str, prompts: list[list[int]], batch: int, max_tokens: int = MAX_TOKENS) -> dict:
     """Greedy decoding of ``prompts`` through ``ensemble``, ``batch`` sequences per round (lockstep, as generate's
-    rounds), MAX_TOKENS each. Returns outputs, seconds, steps, drafted and accepted tokens."""
+    rounds), ``max_tokens`` each. The requests count as seeded, so suffix decoding drafts from each request's own tree
+    only and no run learns from another's responses. Returns outputs, seconds, steps, drafted and accepted tokens."""
     from spec_decode.loop import StepInputs
     from spec_decode.sampling import SamplingParams
 
@@ -458,8 +479,8 @@ def decode(ensemble, method: str, prompts: list[list[int]], batch: int) -> dict:
                 drafted += r.num_draft_tokens
                 accepted += len(r.output_ids) - 1
                 ids = live[i][1]
-                ids += r.output_ids[: MAX_TOKENS - (len(ids) - len(prompts[i]))]
-                if len(ids) - len(prompts[i]) >= MAX_TOKENS:
+                ids += r.output_ids[: max_tokens - (len(ids) - len(prompts[i]))]
+                if len(ids) - len(prompts[i]) >= max_tokens:
                     outputs[i] = ids[len(prompts[i]):]
                     done.append((i, inp))
             if done:
@@ -483,18 +504,28 @@ def reference(model, prompts: list[list[int]]) -> list[list[int]]:
     return out
 
 
-def divergence(model, prompt: list[int], ref: list[int], got: list[int]) -> dict:
-    """Where ``got`` first differs from ``ref`` and the gap between the reference's two best logits there."""
+# A divergence from the reference is a near-tie (numerics, not a bug) when the token emitted instead is the reference's
+# second best there and the two best logits lie within this fraction of the largest |logit|: float32 GEMMs over 1 and
+# over k+1 positions sum in different orders (~1e-6 relative); bfloat16 rounds each logit to 2^-8 relative.
+TIE_TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2}
+
+
+def divergence(model, prompt: list[int], ref: list[int], got: list[int], dtype: str) -> dict:
+    """Where ``got`` first differs from ``ref``: the gap between the reference's two best logits there (a plain
+    forward of prompt + reference prefix), the rank of the token emitted instead, and whether that is a near-tie."""
     i = next(j for j, (a, b) in enumerate(zip(ref, got)) if a != b)
     with torch.inference_mode():
         logits = model(input_ids=torch.tensor([prompt + ref[:i]], device=model.device)).logits[0, -1].float()
-    top = torch.topk(logits, 2).values
-    return {"position": i, "top2_logit_gap": float(top[0] - top[1]), "scale": float(logits.abs().max())}
+    top = torch.topk(logits, 2)
+    gap, scale = float(top.values[0] - top.values[1]), float(logits.abs().max())
+    rank = int((logits > logits[got[i]]).sum())
+    return {"position": i, "top2_logit_gap": gap, "scale": scale, "emitted_rank": rank,
+            "near_tie": rank == 1 and gap <= TIE_TOLERANCE[dtype] * scale}
 
 
-def make_prompts(n: int, length: int, vocab: int) -> list[list[int]]:
+def make_prompts(n: int, length: int, vocab: int, seed: int = 6) -> list[list[int]]:
     """Token-id prompts with repetition inside each (a phrase said twice, as code repeats names)."""
-    g = torch.Generator().manual_seed(6)
+    g = torch.Generator().manual_seed(seed)
     prompts = []
     for i in range(n):
         phrase = torch.randint(3, vocab, (length // 4,), generator=g).tolist()
@@ -525,13 +556,19 @@ def decoding(deadline: float) -> dict:
         res = {"target_parameters": built["target_parameters"], "config": LLAMA, "k": K_DECODE,
                "max_tokens": MAX_TOKENS, "prompts": len(prompts), "runs": []}
         methods = ("none", "draft", "ngram", "suffix", "self")
+        res["verifier_backend"] = VERIFIER_BACKEND
+        res["note"] = ("random weights; speeds are overhead checks of the step path (transformers' eager forward is "
+                       "bound by kernel launches at these sizes), not what a trained model would reach")
+        warm = make_prompts(1, PROMPT_LEN, LLAMA["vocab_size"], seed=99)
         for dtype in ("float32", "bfloat16"):
             if time.perf_counter() > deadline:
                 res["runs"].append({"dtype": dtype, "skipped": "time budget"})
                 continue
-            ens = load_ensembles(built["paths"], dtype)
+            ens = load_ensembles(built["paths"], dtype, VERIFIER_BACKEND)
             model = ens["none"].target.lm.model
-            decode(ens["self"], "self", prompts[:1], 1)  # warm-up (CUDA context, cuBLAS, kernels)
+            for method in methods:  # warm-up: CUDA context, cuBLAS, every kernel specialization a method launches
+                for batch in (1, 2):
+                    decode(ens[method], method, warm * batch, batch, max_tokens=6)
             ref = reference(model, prompts)
             for batch in (1, 8):
                 use = prompts if batch > 1 else prompts[: max(2, len(prompts) // 2)]
@@ -549,15 +586,12 @@ def decoding(deadline: float) -> dict:
                            "acceptance_rate": r["accepted"] / r["drafted"] if r["drafted"] else None,
                            "equal_to_plain_greedy": not mismatched, "mismatched_sequences": len(mismatched)}
                     if mismatched:
-                        d = [divergence(model, prompts[i], ref[i], r["outputs"][i]) for i in mismatched]
+                        d = [divergence(model, prompts[i], ref[i], r["outputs"][i], dtype) for i in mismatched]
                         run["divergences"] = d
-                        # bfloat16: a 1-position and a (k+1)-position forward round differently; a flip between two
-                        # logits within 1% of the logits' scale is such a tie, anything else is a bug.
-                        ties = all(x["top2_logit_gap"] <= 0.01 * x["scale"] for x in d)
-                        run["divergences_at_near_ties"] = ties
-                        if dtype == "float32" or not ties:
+                        run["divergences_at_near_ties"] = all(x["near_tie"] for x in d)
+                        if not run["divergences_at_near_ties"]:
                             fail(f"decoding {dtype} batch {batch} {method}: {len(mismatched)} sequences differ "
-                                 f"from plain greedy decoding ({d[:2]})")
+                                 f"from plain greedy decoding, not at a near-tie ({d[:2]})")
                     res["runs"].append(run)
                     print(f"  {dtype:<9} B={batch} {method:<7}{run['tokens_per_s']:>9.1f} tok/s  "
                           f"tokens/step {run['mean_tokens_per_step']:.2f}  equal {run['equal_to_plain_greedy']}",
@@ -587,10 +621,17 @@ def versions() -> dict:
     return v
 
 
+def equal_note(run: dict) -> str:
+    """How a run that differs from plain greedy decoding differs: only at near-ties, or not."""
+    return (f"False ({run['mismatched_sequences']} at near-ties)" if run.get("divergences_at_near_ties")
+            else f"False ({run['mismatched_sequences']} sequences)")
+
+
 def table(result: dict) -> str:
     """The short summary printed at the end (and kept in the JSON)."""
     lines = [f"gpu_check on {result['mode']} ({result['versions'].get('device_name', 'CPU, kernels interpreted')}), "
-             f"{result['seconds']:.0f} s: {'PASSED' if result['passed'] else 'FAILED'}"]
+             f"{result['seconds']:.0f} s: {'PASSED' if result['passed'] else 'FAILED'}"
+             f"{'' if result['complete'] else ' (incomplete: parts or runs skipped)'}"]
     parts = result["parts"]
     if "kernels" in parts:
         k = parts["kernels"]
@@ -609,17 +650,18 @@ def table(result: dict) -> str:
         lines.append(f"verifier B={bw['B']} k={bw['k']} V={bw['V']} (copy {bw['copy_GB_per_s']:.0f} GB/s):")
         for r in bw["rows"]:
             lines.append(f"  {r['variant']:<34}{r['dtype']:>9}{' greedy' if r['greedy'] else ' sampled':>9}"
-                         f"{r['seconds'] * 1e3:>9.3f} ms {100 * r['read_fraction_of_copy']:>6.1f}% of copy")
+                         f"{r['seconds'] * 1e3:>9.3f} ms {r['GB_per_s']:>8.1f} GB/s {100 * r['fraction_of_copy']:>6.1f}%"
+                         " of copy")
     if "decoding" in parts:
         d = parts["decoding"]
-        lines.append(f"decoding, {d['target_parameters'] / 1e9:.2f}B random Llama, k={d['k']}, greedy "
-                     f"(tokens/s, tokens per step, equal to plain greedy):")
+        lines.append(f"decoding, {d['target_parameters'] / 1e9:.2f}B random Llama, k={d['k']}, greedy, verifier "
+                     f"{d['verifier_backend']} (tokens/s, tokens per step, equal to plain greedy; {d['note']}):")
         for r in d["runs"]:
             if "skipped" in r:
                 lines.append(f"  {r['dtype']:<9} {r.get('method', '')} skipped ({r['skipped']})")
                 continue
             lines.append(f"  {r['dtype']:<9} B={r['batch']} {r['method']:<7}{r['tokens_per_s']:>9.1f}"
-                         f"{r['mean_tokens_per_step']:>6.2f}  {r['equal_to_plain_greedy']}")
+                         f"{r['mean_tokens_per_step']:>6.2f}  {r['equal_to_plain_greedy'] or equal_note(r)}")
         if "forward_cost" in d:
             f = d["forward_cost"]
             lines.append("  forward ms for 1..9 new positions: "
@@ -629,15 +671,32 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def toolchain() -> dict:
+    """What Triton needs to build its kernels' launchers on first use: a C compiler and Python's headers."""
+    import sysconfig
+
+    cc = os.environ.get("CC") or next((c for c in ("gcc", "cc", "clang") if shutil.which(c)), None)
+    headers = Path(sysconfig.get_paths()["include"], "Python.h").exists()
+    return {"c_compiler": cc, "python_headers": headers, "ok": bool(cc) and headers}
+
+
 def main() -> int:
-    """Run the parts, save the JSON, print the table; 1 when a check failed."""
+    """Run the parts, save the JSON after each, print the table; 1 when a check failed or a run was skipped."""
+    global VERIFIER_BACKEND
     start = time.perf_counter()
     deadline = start + ARGS.budget_s
-    result = {"mode": DEV.type, "versions": versions(), "parts": {}}
-    print(f"gpu_check: {result['versions']}", flush=True)
-    for name, fn in (("kernels", kernels_vs_torch), ("distribution", distribution), ("big_batch", big_batch),
-                     ("batch_invariance", batch_invariance), ("bandwidth", bandwidth),
-                     ("decoding", lambda: decoding(deadline))):
+    result = {"mode": DEV.type, "versions": versions(), "toolchain": toolchain(), "parts": {}}
+    print(f"gpu_check: {result['versions']} {result['toolchain']}", flush=True)
+    parts = [("kernels", kernels_vs_torch), ("distribution", distribution), ("batch_invariance", batch_invariance),
+             ("bandwidth", bandwidth), ("decoding", lambda: decoding(deadline)),
+             ("big_batch", big_batch)]  # last: an illegal address there would be a sticky CUDA error for the rest
+    if not result["toolchain"]["ok"]:
+        fail(f"Triton cannot build its kernels' launchers (needs a C compiler and Python.h): {result['toolchain']}; "
+             "the kernel parts are skipped and decoding verifies with the torch backend")
+        parts = [("decoding", lambda: decoding(deadline))]
+        VERIFIER_BACKEND = "torch"
+    ARGS.output.parent.mkdir(parents=True, exist_ok=True)
+    for name, fn in parts:
         t = time.perf_counter()
         print(f"== {name}", flush=True)
         try:
@@ -647,11 +706,13 @@ def main() -> int:
             result.setdefault("tracebacks", {})[name] = traceback.format_exc()
             print(traceback.format_exc(), flush=True)
         result.setdefault("part_seconds", {})[name] = round(time.perf_counter() - t, 1)
-    result["seconds"] = time.perf_counter() - start
-    result["failures"] = FAILURES
-    result["passed"] = not FAILURES
+        result["seconds"] = time.perf_counter() - start
+        result["failures"] = FAILURES
+        ARGS.output.write_text(json.dumps(result, indent=2, default=str))  # kept if a later part hangs
+    skipped = [r for r in result["parts"].get("decoding", {}).get("runs", []) if "skipped" in r]
+    result["complete"] = len(result["parts"]) == 6 and not skipped
+    result["passed"] = not FAILURES and result["complete"]
     result["table"] = table(result)
-    ARGS.output.parent.mkdir(parents=True, exist_ok=True)
     ARGS.output.write_text(json.dumps(result, indent=2, default=str))
     print(result["table"])
     print(f"saved {ARGS.output}")

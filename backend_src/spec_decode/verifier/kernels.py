@@ -2,7 +2,8 @@
 
 Same maths as :mod:`spec_decode.verifier.torch_impl` (tested for exact agreement under ``TRITON_INTERPRET=1`` when fed
 the same noise), with the same boundary rules (see :func:`spec_decode.verifier.rejection.rejection_sample`). Each
-program walks its row's k drafts (accept test, greedy check, -1 placeholders rejected without indexing), then runs one
+program walks its row's k drafts up to the first rejection (accept test, greedy check: a pass over V per position;
+-1 placeholders rejected without indexing), then runs one
 tiled pass over V at the first rejected position (or the bonus position) that computes the exponential race for the
 recovered distribution max(0, p - q) (or p without the draft token), the race for p itself (used when the residual is
 empty), and the argmax (greedy rows, typical acceptance). Zero-probability entries and out-of-range lanes score -1 and
@@ -58,8 +59,11 @@ def _invalid(x):
 
 @triton.jit
 def _race_score(d, e):
-    """Exponential-race score d / e, and -1 where d is 0 (or a masked lane): a zero-probability token never wins."""
-    return tl.where(d > 0.0, d / e, -1.0)
+    """Exponential-race score d / e, and -1 where d is 0 (or a masked lane): a zero-probability token never wins.
+
+    The division is IEEE round-to-nearest (``div_rn``), as torch's: the default float32 ``/`` compiles to an
+    approximate division (up to 2 ulp), which could pick another winner than the torch path fed the same noise."""
+    return tl.where(d > 0.0, tl.div_rn(d, e), -1.0)
 
 
 @triton.jit
@@ -174,9 +178,11 @@ def rejection_kernel(
         p = _f32(tl.load(pos_ptr + xs))
         bad_p = bad_p | _invalid(p)
         if greedy:
-            g_idx, _, bad = _scan_row(pos_ptr, V, Vl, BLOCK_V, False)
-            bad_p = bad_p | bad
-            ok = (xs == g_idx) & (p > 0.0)
+            ok = tl.zeros((), dtype=tl.int1)
+            if accepting:  # after the first rejection no position can change the output: no scan of its row
+                g_idx, _, bad = _scan_row(pos_ptr, V, Vl, BLOCK_V, False)
+                bad_p = bad_p | bad
+                ok = (xs == g_idx) & (p > 0.0)
         else:
             if HAS_NOISE:
                 u = tl.load(u_ptr + row * K + i)
@@ -242,16 +248,18 @@ def typical_kernel(
         valid = x >= 0
         xs = tl.where(valid, x, 0)
         pos_ptr = tp_row + i * Vl
-        g_idx, neg_entropy, bad = _scan_row(pos_ptr, V, Vl, BLOCK_V, True)
-        bad_p = bad_p | bad
-        threshold = tl.minimum(posterior_alpha * tl.exp(neg_entropy), posterior_threshold)
-        p_x = _f32(tl.load(pos_ptr + xs))
-        if tl.abs(p_x - threshold) <= threshold * 0.0009765625:  # 2^-10: far above float32's error in the threshold
-            # Near the threshold the float32 sum's rounding could decide: redo this row in float64 (rare).
-            above = _typical_above_float64(pos_ptr, p_x, V, Vl, posterior_threshold, posterior_alpha, BLOCK_V)
-        else:
-            above = p_x > threshold
-        ok = tl.where(greedy, (xs == g_idx) & (p_x > 0.0), above)
+        ok = tl.zeros((), dtype=tl.int1)
+        if accepting:  # after the first rejection no position can change the output: no scan of its row
+            g_idx, neg_entropy, bad = _scan_row(pos_ptr, V, Vl, BLOCK_V, True)
+            bad_p = bad_p | bad
+            threshold = tl.minimum(posterior_alpha * tl.exp(neg_entropy), posterior_threshold)
+            p_x = _f32(tl.load(pos_ptr + xs))
+            if tl.abs(p_x - threshold) <= threshold * 0.0009765625:  # 2^-10: far above float32's error in it
+                # Near the threshold the float32 sum's rounding could decide: redo this row in float64 (rare).
+                above = _typical_above_float64(pos_ptr, p_x, V, Vl, posterior_threshold, posterior_alpha, BLOCK_V)
+            else:
+                above = p_x > threshold
+            ok = tl.where(greedy, (xs == g_idx) & (p_x > 0.0), above)
         accepting = accepting & valid & ok
         n += accepting.to(tl.int64)
 

@@ -224,7 +224,8 @@ def typical_acceptance_sample(
       on ties.
     - Greedy rows: accept while x_i == argmax(p_i) and p(x_i) > 0 (the argmax walk of :func:`rejection_sample`).
     - NaN, infinite or negative probabilities, and a sampled row that sums to zero, raise ValueError as in
-      :func:`rejection_sample` (the kernel reads, and so checks, every position's row up to k-1 and the sampled one).
+      :func:`rejection_sample` (the kernel reads, and so checks, each position's row up to the first rejected draft,
+      and the sampled one).
 
     Args:
         target_probs: [B, k+1, V] float32 (bfloat16/float16 accepted).
