@@ -4,8 +4,8 @@
 :class:`~.step_models.TargetBackend` and :class:`~.step_models.VerifierBackend` with the tensors laid out as they
 cross the real ensemble: generate's request stacks the round's rows and pads them with -1
 (:func:`~.adapter.stack_rows`), each model gets one inputs dict per row (as :func:`~.adapter.read_rows` gives it),
-draft_model and target_model serve the round through ``run_batch`` (one batched forward each), the verifier row by
-row, and each model's outputs are stacked and padded to the round's largest k before the next model reads them. A
+draft_model and target_model serve the round through ``run_batch`` (one batched forward each), the verifier in one
+call, and each model's outputs are stacked and padded to the round's largest k before the next model reads them. A
 round without drafts skips draft_model, as generate's ``score_step`` ensemble does.
 
 It is what ``bench/gpu_check.py`` runs on a GPU machine that has no tritonserver: the served models' CUDA path (KV
@@ -72,10 +72,9 @@ class LocalEnsemble:
         for row, r in enumerate(rows):
             r["draft_token_ids"], r["draft_probs"] = draft_ids[row], draft_probs[row]
         target_probs = _stack(_raise_first(self.target.run_batch(rows)), "target_probs")
-        outs = []
         for row, r in enumerate(rows):
             r["target_probs"] = target_probs[row]
-            outs.append(self.verifier.run({name: r[name] for name in self.verifier.INPUTS}))
+        outs = _raise_first(self.verifier.run_batch([{name: r[name] for name in self.verifier.INPUTS} for r in rows]))
         for o, row_ids in zip(outs, draft_ids):
             o["num_drafted"] = len(strip_padding(row_ids))
         return outs

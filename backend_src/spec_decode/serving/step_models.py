@@ -334,17 +334,24 @@ class VerifierBackend:
         )
 
     def run(self, inputs: dict) -> dict:
-        """Verify one sequence's drafts against its target probabilities."""
+        """Verify one sequence's drafts against its target probabilities (:meth:`run_batch` of one request).
+
+        Raises:
+            ValueError: an invalid input (named) or invalid probabilities.
+        """
+        (result,) = self.run_batch([inputs])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def _row(self, inputs: dict) -> tuple:
+        """One sequence's arguments of :meth:`Verifier.verify_batch`, without the round's padding."""
         tp = torch.as_tensor(inputs["target_probs"])
-        if tp.shape[0] == 0:  # release: a sequence ended, export its figures
-            self.metrics.flush()
-            return {"output_ids": np.zeros(0, np.int64), "output_log_probs": np.zeros(0, np.float32)}
         # In a batched request rows are padded to the round's largest k: k is the row's draft count without padding.
         drafts = torch.as_tensor(strip_padding(inputs["draft_token_ids"]), dtype=torch.int64)
         k = len(drafts)
-        if tp.shape[0] < k + 1:
-            raise ValueError(f"target_probs has {tp.shape[0]} rows for {k} drafts (needs k + 1)")
-        tp = tp[: k + 1]
+        if tp.dim() != 2 or tp.shape[0] < k + 1:
+            raise ValueError(f"target_probs has {tp.shape[0] if tp.dim() else 0} rows for {k} drafts (needs k + 1)")
         dp = inputs.get("draft_probs")
         if dp is not None and np.prod(tuple(dp.shape)) > 0:
             dp = torch.as_tensor(dp)[:k]
@@ -352,11 +359,42 @@ class VerifierBackend:
                 dp = None
         else:
             dp = None
-        greedy = float(_one(inputs, "temperature", 0.0)) <= 0.0
         method = _one(inputs, "acceptance_method", b"")
         method = method.decode() if isinstance(method, bytes) else str(method)
-        start = time.perf_counter()
-        ids, lps = self.verifier.verify(tp, drafts.to(tp.device), dp, int(_one(inputs, "random_seed", 0)),
-                                        int(_one(inputs, "step", 0)), greedy, method)
-        self.metrics.add("spec_decode_verify_seconds_total", time.perf_counter() - start)
-        return {"output_ids": np.asarray(ids, np.int64), "output_log_probs": np.asarray(lps, np.float32)}
+        return (tp[: k + 1], drafts.to(tp.device), dp, int(_one(inputs, "random_seed", 0)),
+                int(_one(inputs, "step", 0)), float(_one(inputs, "temperature", 0.0)) <= 0.0, method)
+
+    def run_batch(self, inputs_list: list[dict]) -> list:
+        """Verify every sequence of one ``execute()`` (a round, and any requests queued with it) in one
+        :meth:`Verifier.verify_batch` call: one kernel launch per kind of row on CUDA.
+
+        Returns:
+            per request, its outputs (output_ids INT64 [n], output_log_probs FP32 [n]; empty for a release) or the
+            exception that fails it: a row's bad input fails that row alone; a sampler error fails the rows verified
+            with it.
+        """
+        results: list = [None] * len(inputs_list)
+        rows, where, released = [], [], False
+        for i, inputs in enumerate(inputs_list):
+            try:
+                if torch.as_tensor(inputs["target_probs"]).shape[0] == 0:  # release: a sequence ended
+                    results[i] = {"output_ids": np.zeros(0, np.int64), "output_log_probs": np.zeros(0, np.float32)}
+                    released = True
+                    continue
+                rows.append(self._row(inputs))
+                where.append(i)
+            except Exception as exc:  # noqa: BLE001 - this row's error response
+                results[i] = exc
+        if released:
+            self.metrics.flush()  # export the ended sequences' figures
+        if rows:
+            start = time.perf_counter()
+            try:
+                for i, (ids, lps) in zip(where, self.verifier.verify_batch(rows)):
+                    results[i] = {"output_ids": np.asarray(ids, np.int64),
+                                  "output_log_probs": np.asarray(lps, np.float32)}
+            except Exception as exc:  # noqa: BLE001 - the sampler's error fails the rows it was verifying
+                for i in where:
+                    results[i] = exc
+            self.metrics.add("spec_decode_verify_seconds_total", time.perf_counter() - start)
+        return results

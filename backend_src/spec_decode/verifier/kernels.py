@@ -8,7 +8,8 @@ tiled pass over V at the first rejected position (or the bonus position) that co
 recovered distribution max(0, p - q) (or p without the draft token), the race for p itself (used when the residual is
 empty), and the argmax (greedy rows, typical acceptance). Zero-probability entries and out-of-range lanes score -1 and
 never win. Offsets are int64. Noise comes from Philox keyed by (row seed, offset): offsets 0..k-1 are the accept
-uniforms, k + v the race's exponentials, so a seeded row does not depend on the rest of the batch.
+uniforms, 2^16 + v the race's exponentials, so a seeded row depends neither on the rest of the batch nor on the k
+its rows are padded to.
 
 Every probability a program reads is checked in the pass that reads it (NaN, +inf or negative sets a flag bit), and
 so is the total mass of the row it samples from; the launchers turn the per-row flags into the torch path's
@@ -94,7 +95,7 @@ def _scan_row(pos_ptr, V, Vl, BLOCK_V: tl.constexpr, WITH_ENTROPY: tl.constexpr)
 
 
 @triton.jit
-def _sample_pass(p_ptr, q_ptr, x_n, seed, e_row_ptr, K, V, Vl, WITH_RESIDUAL: tl.constexpr,
+def _sample_pass(p_ptr, q_ptr, x_n, seed, e_row_ptr, V, Vl, WITH_RESIDUAL: tl.constexpr,
                  HAS_DRAFT_PROBS: tl.constexpr, HAS_NOISE: tl.constexpr, BLOCK_V: tl.constexpr):
     """One tiled pass over the target row p [V] at the position a row samples from (and, with HAS_DRAFT_PROBS, the
     draft row q [V] there, read only when x_n >= 0). Returns (drawn, argmax, sum of p, bad p, bad q): drawn races the
@@ -113,7 +114,7 @@ def _sample_pass(p_ptr, q_ptr, x_n, seed, e_row_ptr, K, V, Vl, WITH_RESIDUAL: tl
     for start in range(0, V, BLOCK_V):
         offs, m, p, bad_tile = _load_tile(p_ptr, start, Vl, BLOCK_V)
         bad_p = bad_p | bad_tile
-        e = _exponential(seed, e_row_ptr, offs, m, K, HAS_NOISE)
+        e = _exponential(seed, e_row_ptr, offs, m, HAS_NOISE)
         if WITH_RESIDUAL:
             if HAS_DRAFT_PROBS:
                 q = _f32(tl.load(q_ptr + offs, mask=m & (x_n >= 0), other=0.0))
@@ -130,12 +131,17 @@ def _sample_pass(p_ptr, q_ptr, x_n, seed, e_row_ptr, K, V, Vl, WITH_RESIDUAL: tl
     return drawn, g_idx, p_sum, bad_p, bad_q
 
 
+# Philox offsets of a row's noise: 0..k-1 the accept uniforms, RACE_OFFSET + v the race's exponentials. The race's
+# offsets do not depend on k, so a row padded to a longer batch's k (-1 placeholders) draws the same noise as alone.
+RACE_OFFSET = tl.constexpr(65536)  # k < 2^16: checked by rejection.validate_inputs
+
+
 @triton.jit
-def _exponential(seed, e_row_ptr, offs, m, K, HAS_NOISE: tl.constexpr):
+def _exponential(seed, e_row_ptr, offs, m, HAS_NOISE: tl.constexpr):
     if HAS_NOISE:
         e = tl.load(e_row_ptr + offs, mask=m, other=1.0)
     else:
-        u = tl.rand(seed, (K + offs).to(tl.int32))
+        u = tl.rand(seed, (offs + RACE_OFFSET).to(tl.int32))
         e = tl.maximum(-tl.log(1.0 - u), 1e-30)
     return e
 
@@ -201,7 +207,7 @@ def rejection_kernel(
     # One pass over V at position n: recovered (a rejected draft at n) or bonus (n == K, or a placeholder at n) token.
     x_n = tl.load(ids_row + n, mask=n < K, other=-1)
     token, g_idx, p_sum, bad, bad_n = _sample_pass(
-        tp_row + n * Vl, dp_row + n * Vl, x_n, seed, e_ptr + row * Vl, K, V, Vl, True, HAS_DRAFT_PROBS, HAS_NOISE,
+        tp_row + n * Vl, dp_row + n * Vl, x_n, seed, e_ptr + row * Vl, V, Vl, True, HAS_DRAFT_PROBS, HAS_NOISE,
         BLOCK_V)
     bad_p = bad_p | bad
     bad_q = bad_q | bad_n
@@ -265,7 +271,7 @@ def typical_kernel(
 
     x_n = tl.load(ids_row + n, mask=n < K, other=-1)
     drawn, g_idx, p_sum, bad, _ = _sample_pass(
-        tp_row + n * Vl, tp_row, x_n, seed, e_ptr + row * Vl, K, V, Vl, False, False, HAS_NOISE, BLOCK_V)
+        tp_row + n * Vl, tp_row, x_n, seed, e_ptr + row * Vl, V, Vl, False, False, HAS_NOISE, BLOCK_V)
     bad_p = bad_p | bad
     token = tl.where((x_n >= 0) | greedy, g_idx, drawn)
     _write_output(out_ptr + row * (K + 1), ids_row, n, token, K)

@@ -20,6 +20,7 @@ from ..sampling import generator_for
 from .torch_impl import rejection_torch, typical_torch
 
 _UNIFORM, _RACE = 1, 2  # noise purposes mixed into a seeded row's generator seed
+MAX_K = 65535  # the most drafts per row: the kernels draw the race's noise from Philox offsets 2^16 and up
 _F32_MAX = float(torch.finfo(torch.float32).max)
 
 
@@ -41,6 +42,8 @@ def validate_inputs(
     b, k1, v = target_probs.shape
     if k1 < 1 or v < 1:
         raise ValueError(f"target_probs must have k+1 >= 1 positions and V >= 1 tokens, got {tuple(target_probs.shape)}")
+    if k1 - 1 > MAX_K:
+        raise ValueError(f"target_probs has k = {k1 - 1} draft positions; allowed: at most {MAX_K}")
     if not isinstance(draft_token_ids, torch.Tensor):
         raise ValueError(f"draft_token_ids must be a [B, k] int64 tensor, got {type(draft_token_ids).__name__}")
     if draft_token_ids.dim() != 2 or tuple(draft_token_ids.shape) != (b, k1 - 1):
@@ -108,15 +111,21 @@ def _row_flags(b: int, seeds, is_greedy, device) -> tuple[torch.Tensor, torch.Te
     return seeds, is_greedy.to(device=device, dtype=torch.bool)
 
 
-def _torch_noise(seeds: torch.Tensor, greedy: torch.Tensor, k: int, v: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _torch_noise(seeds: torch.Tensor, greedy: torch.Tensor, draft_token_ids: torch.Tensor,
+                 v: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row noise from a generator keyed by (row seed, purpose): uniform [B, k], exponential [B, V] (CPU).
 
-    Greedy rows use no noise (they get zeros and ones, which their argmax walk ignores)."""
-    u = torch.zeros(len(seeds), k)
-    e = torch.ones(len(seeds), v)
+    A row draws uniforms for its drafts before its first -1 placeholder only (the rest stay 0: never used), so a row
+    padded to a batch's longer k draws what it draws alone. Greedy rows use no noise (they get zeros and ones, which
+    their argmax walk ignores)."""
+    b, k = draft_token_ids.shape
+    u = torch.zeros(b, k)
+    e = torch.ones(b, v)
+    valid = (draft_token_ids >= 0).cpu().to(torch.int64)
+    lengths = valid.cumprod(-1).sum(-1).tolist() if k else [0] * b
     for row, (s, g) in enumerate(zip(seeds.tolist(), greedy.tolist())):
         if not g:
-            u[row] = torch.rand(k, generator=generator_for(s, _UNIFORM))
+            u[row, : lengths[row]] = torch.rand(lengths[row], generator=generator_for(s, _UNIFORM))
             e[row].exponential_(1.0, generator=generator_for(s, _RACE)).clamp_min_(1e-30)
     return u, e
 
@@ -169,7 +178,8 @@ def rejection_sample(
             one-hot at the draft token, so x_i is accepted with probability p(x_i) and the recovered distribution is p
             with p(x_i) set to zero.
         seeds: None or int64 [B]; a row with seed >= 0 draws its noise from (seed, position) only, so it is
-            reproducible and independent of the rest of the batch; -1 = unseeded (fresh randomness).
+            reproducible and independent of the rest of the batch and of -1 padding after its drafts (a batch of rows
+            with different k); -1 = unseeded (fresh randomness).
         is_greedy: None or bool [B]; greedy rows accept while the draft equals argmax(target_probs[i]) and then emit
             the argmax (token for token the target's own greedy decoding).
         backend: "auto" (Triton kernels for CUDA tensors, torch for CPU), "triton" (on CPU only under
@@ -191,7 +201,7 @@ def rejection_sample(
         from .kernels import rejection_triton
 
         return rejection_triton(target_probs, draft_token_ids, draft_probs, seeds, greedy)
-    u, e = _torch_noise(seeds, greedy, k1 - 1, v)
+    u, e = _torch_noise(seeds, greedy, draft_token_ids, v)
     dev = target_probs.device
     return rejection_torch(target_probs, draft_token_ids, draft_probs, u.to(dev), e.to(dev), greedy)
 
@@ -249,6 +259,6 @@ def typical_acceptance_sample(
         from .kernels import typical_triton
 
         return typical_triton(target_probs, draft_token_ids, posterior_threshold, posterior_alpha, seeds, greedy)
-    _, e = _torch_noise(seeds, greedy, 0, v)
+    _, e = _torch_noise(seeds, greedy, draft_token_ids[:, :0], v)
     return typical_torch(target_probs, draft_token_ids, posterior_threshold, posterior_alpha,
                          e.to(target_probs.device), greedy)
