@@ -34,6 +34,7 @@ draft: $(STAMP)
 	$(PY) -m spec_decode.train_draft
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest tests -v --timeout=900
 
 bench: $(STAMP)

@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     seq = 0
     for method in proposers:
-        agg = {mode: {"tokens": 0, "seconds": 0.0, "steps": 0, "draft": 0, "accepted": 0} for mode in ("fixed", "adaptive")}
+        agg = {mode: {"tokens": 0, "seconds": 0.0, "steps": 0, "draft": 0, "accepted": 0}
+               for mode in ("fixed", "adaptive")}
         for prompt in prompts:
             ids = tok(prompt)["input_ids"]
             outs = {}

@@ -27,8 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from client.datasets import humaneval_prompts
     from spec_decode.kv_cache import CachedCausalLM
-    from spec_decode.models import default_draft_dir, default_draft_ready, load_causal_lm, load_tokenizer
-    from spec_decode.models import load_draft_vocab, prepare_default_model
+    from spec_decode.models import (
+        default_draft_dir,
+        default_draft_ready,
+        load_causal_lm,
+        load_draft_vocab,
+        load_tokenizer,
+        prepare_default_model,
+    )
     from spec_decode.proposers import DraftModelProposer
     from spec_decode.sampling import SamplingParams
     from spec_decode.scorer import TargetScorer
@@ -80,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         "draft_layers": draft_lm.model.config.num_hidden_layers, "draft_vocab": len(vocab) if vocab else None,
         "target_layers": target.model.config.num_hidden_layers,
     }
-    print(f"draft {draft_dir.name} ({result['draft_layers']} layers, vocabulary {result['draft_vocab'] or 'full'}) vs target ({result['target_layers']} layers), "
-          f"CPU, median of {args.repeats}")
+    print(f"draft {draft_dir.name} ({result['draft_layers']} layers, vocabulary {result['draft_vocab'] or 'full'}) "
+          f"vs target ({result['target_layers']} layers), CPU, median of {args.repeats}")
     print(f"  one decode token: draft {med['draft_token']:.2f} ms, target {med['target_token']:.2f} ms -> "
           f"cost ratio c = {result['cost_ratio_per_token']:.3f}")
     print(f"  a step: draft proposes k={args.k} in {med['draft_propose_k']:.2f} ms, target scores k+1 in "

@@ -79,7 +79,8 @@ def draft_model(target, draft_dir: Path | None):
         return load_causal_lm(draft_dir, torch.device("cpu"), torch.float32), "distilled draft"
     draft = truncated_copy(target, 3)
     prune_vocabulary(draft, DraftVocab(torch.arange(8192), target.config.vocab_size))
-    return draft.eval(), "untrained stand-in (3 target layers, 8,192-token vocabulary; run `make draft` for the real one)"
+    return draft.eval(), ("untrained stand-in (3 target layers, 8,192-token vocabulary; "
+                          "run `make draft` for the real one)")
 
 
 class _Transformers:
@@ -178,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
             engine_model, _ = draft_model(target, draft_dir)
         engine = CachedCausalLM(engine_model, max_sequences=64)
         variants = {"transformers": _Transformers(plain, prompts), "engine": _Engine(engine, prompts)}
-        print(f"\n{label}: {kind}; {weight_bytes(plain) / 1e6:.0f} MB of weights per forward; timing {len(NEW_POSITIONS)} position counts x {len(CACHE_LENGTHS)} caches ...",
+        print(f"\n{label}: {kind}; {weight_bytes(plain) / 1e6:.0f} MB of weights per forward; "
+              f"timing {len(NEW_POSITIONS)} position counts x {len(CACHE_LENGTHS)} caches ...",
               flush=True)
         single = time_single(variants, vocab, args.repeats, gen)
         roofline_s = weight_bytes(plain) / (bandwidth * 1e9)

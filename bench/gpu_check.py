@@ -49,6 +49,7 @@ import sys
 import tempfile
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,12 +191,12 @@ def kernels_vs_torch() -> dict:
                         tp, ids, dp = make_case(b, k, v, dtype, with_dp, gen)
                         for greedy_rows in (False, True):
                             greedy = torch.full((b,), greedy_rows, dtype=torch.bool, device=DEV)
-                            kinds = [("rejection", lambda: rejection_triton(tp, ids, dp, seeds, greedy, (u, e)),
-                                      lambda: rejection_torch(tp, ids, dp, u, e, greedy))]
+                            kinds = [("rejection", partial(rejection_triton, tp, ids, dp, seeds, greedy, (u, e)),
+                                      partial(rejection_torch, tp, ids, dp, u, e, greedy))]
                             if not with_dp:
                                 kinds.append(("typical",
-                                              lambda: typical_triton(tp, ids, EPS, ALPHA, seeds, greedy, e),
-                                              lambda: typical_torch(tp, ids, EPS, ALPHA, e, greedy)))
+                                              partial(typical_triton, tp, ids, EPS, ALPHA, seeds, greedy, e),
+                                              partial(typical_torch, tp, ids, EPS, ALPHA, e, greedy)))
                             for name, kernel, reference in kinds:
                                 label = (f"{name} V={v} k={k} B={b} {str(dtype)[6:]} "
                                          f"{'draft probs' if with_dp else 'no draft probs'} "
@@ -309,13 +310,13 @@ def batch_invariance() -> dict:
     backends = ("triton", "torch")
     for backend in backends:
         for name, run in (
-            ("rejection", lambda sl, s: rejection_sample(tp[sl], ids[sl], dp[sl], seeds=s, backend=backend)),
-            ("typical", lambda sl, s: typical_acceptance_sample(tp[sl], ids[sl], seeds=s, backend=backend)),
+            ("rejection", lambda sl, s, be: rejection_sample(tp[sl], ids[sl], dp[sl], seeds=s, backend=be)),
+            ("typical", lambda sl, s, be: typical_acceptance_sample(tp[sl], ids[sl], seeds=s, backend=be)),
         ):
-            whole = run(slice(None), seeds)
+            whole = run(slice(None), seeds, backend)
             rev = torch.arange(b - 1, -1, -1, device=DEV)
-            reversed_ = run(rev, seeds[rev]).flip(0)
-            alone = torch.cat([run(slice(r, r + 1), seeds[r:r + 1]) for r in range(b)])
+            reversed_ = run(rev, seeds[rev], backend).flip(0)
+            alone = torch.cat([run(slice(r, r + 1), seeds[r:r + 1], backend) for r in range(b)])
             same = bool(torch.equal(whole, reversed_)) and bool(torch.equal(whole, alone))
             res[f"{name} {backend}"] = same
             if not same:
@@ -358,6 +359,12 @@ def bandwidth() -> dict:
     gen = torch.Generator(device=DEV).manual_seed(5)
     rows = []
     reps = REPS if CUDA else 2
+
+    # the kernel alone: buffers ready, no flag check (no host sync)
+    def launch(tp, dp, ids, seeds, greedy8, u, e, out, flags):
+        rejection_kernel[(b,)](tp, dp, ids, seeds, greedy8, u, e, out, flags, k, v, HAS_DRAFT_PROBS=True,
+                               HAS_NOISE=False, BLOCK_V=_block_v(v))
+
     for dtype in DTYPES:
         tp, ids, dp = make_case(b, k, v, dtype, True, gen)
         ids[ids < 0] = 0  # no placeholders here
@@ -374,20 +381,15 @@ def bandwidth() -> dict:
             # What the kernel reads: the row it samples from (p, and q where a draft was rejected there), and for
             # greedy rows the target row of every position up to the first rejection (the argmax check).
             read_bytes = sum((1 + (int(m) < k) + (min(int(m) + 1, k) if greedy_rows else 0)) * v * elt for m in n)
-
-            def launch():  # the kernel alone: buffers ready, no flag check (no host sync)
-                rejection_kernel[(b,)](tp, dp, ids, seeds, greedy8, u, e, out, flags, k, v, HAS_DRAFT_PROBS=True,
-                                       HAS_NOISE=False, BLOCK_V=_block_v(v))
-
             variants = {
-                "kernel launch": (launch, read_bytes),
-                "rejection_triton (+ flag check)": (lambda: rejection_triton(tp, ids, dp, seeds, greedy), read_bytes),
-                "rejection_sample(backend=triton)": (lambda: rejection_sample(
-                    tp, ids, dp, seeds=seeds, is_greedy=greedy, backend="triton"), read_bytes),
+                "kernel launch": (partial(launch, tp, dp, ids, seeds, greedy8, u, e, out, flags), read_bytes),
+                "rejection_triton (+ flag check)": (partial(rejection_triton, tp, ids, dp, seeds, greedy), read_bytes),
+                "rejection_sample(backend=triton)": (partial(
+                    rejection_sample, tp, ids, dp, seeds=seeds, is_greedy=greedy, backend="triton"), read_bytes),
                 # the torch path reads the whole tensors (several passes): counted at their size
-                "torch maths (noise given)": (lambda: rejection_torch(tp, ids, dp, u, e, greedy), tensor_bytes),
-                "rejection_sample(backend=torch)": (lambda: rejection_sample(
-                    tp, ids, dp, seeds=seeds, is_greedy=greedy, backend="torch"), tensor_bytes),
+                "torch maths (noise given)": (partial(rejection_torch, tp, ids, dp, u, e, greedy), tensor_bytes),
+                "rejection_sample(backend=torch)": (partial(
+                    rejection_sample, tp, ids, dp, seeds=seeds, is_greedy=greedy, backend="torch"), tensor_bytes),
             }
             if not CUDA:  # the interpreter's time means nothing: keep the CPU mode short
                 variants = {name: fn for name, fn in variants.items() if "torch" in name}
@@ -527,7 +529,7 @@ def make_prompts(n: int, length: int, vocab: int, seed: int = 6) -> list[list[in
     """Token-id prompts with repetition inside each (a phrase said twice, as code repeats names)."""
     g = torch.Generator().manual_seed(seed)
     prompts = []
-    for i in range(n):
+    for _ in range(n):
         phrase = torch.randint(3, vocab, (length // 4,), generator=g).tolist()
         rest = torch.randint(3, vocab, (length - 2 * len(phrase),), generator=g).tolist()
         prompts.append(phrase + rest[: len(rest) // 2] + phrase + rest[len(rest) // 2:])
@@ -542,7 +544,7 @@ def forward_cost(lm) -> dict:
     lm.logits(seq, ids[:FORWARD_CACHE], 1)
     res = {}
     for n in FORWARD_NEW_POSITIONS:  # the cache keeps the first FORWARD_CACHE tokens; each call recomputes n
-        res[n] = timed(lambda: lm.logits(seq, ids[:FORWARD_CACHE + n], n), REPS) * 1e3
+        res[n] = timed(partial(lm.logits, seq, ids[:FORWARD_CACHE + n], n), REPS) * 1e3
     lm.release(seq)
     return {"cache_tokens": FORWARD_CACHE, "ms": res, "ratio_to_one": {n: res[n] / res[1] for n in res}}
 
@@ -650,8 +652,8 @@ def table(result: dict) -> str:
         lines.append(f"verifier B={bw['B']} k={bw['k']} V={bw['V']} (copy {bw['copy_GB_per_s']:.0f} GB/s):")
         for r in bw["rows"]:
             lines.append(f"  {r['variant']:<34}{r['dtype']:>9}{' greedy' if r['greedy'] else ' sampled':>9}"
-                         f"{r['seconds'] * 1e3:>9.3f} ms {r['GB_per_s']:>8.1f} GB/s {100 * r['fraction_of_copy']:>6.1f}%"
-                         " of copy")
+                         f"{r['seconds'] * 1e3:>9.3f} ms {r['GB_per_s']:>8.1f} GB/s "
+                         f"{100 * r['fraction_of_copy']:>6.1f}% of copy")
     if "decoding" in parts:
         d = parts["decoding"]
         lines.append(f"decoding, {d['target_parameters'] / 1e9:.2f}B random Llama, k={d['k']}, greedy, verifier "

@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
               "differing_tokens": sum(r["differing_tokens"] for r in rows),
               "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "rows": rows}
     print(f"\n{equal} of {args.prompts} prompts token-for-token equal (up to {args.tokens} tokens or EOS); "
-          f"{result['differing_tokens']} of {sum(r['tokens'] for r in rows)} tokens differ (from the first difference on)")
+          f"{result['differing_tokens']} of {sum(r['tokens'] for r in rows)} tokens differ "
+          "(from the first difference on)")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2))
     print(f"saved {args.output}")

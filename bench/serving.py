@@ -1,4 +1,5 @@
-"""The serving benchmark of ``make bench``: perf_analyzer and genai-perf against ``generate``, beside in-process baselines.
+"""The serving benchmark of ``make bench``: perf_analyzer and genai-perf against ``generate``, beside in-process
+baselines.
 
 In one run, on HumanEval prompts (greedy, ``max_tokens`` new tokens with ``ignore_eos`` so every request has the same
 length):
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,7 +160,8 @@ def run_perf_analyzer(url: str, prompts: list[str], method: str, k: int, concurr
 
 
 def find_genai_perf(explicit: str | None) -> str | None:
-    """The genai-perf executable: ``explicit``, else ``.venv-genai-perf/bin/genai-perf``, else on PATH (None if none)."""
+    """The genai-perf executable: ``explicit``, else ``.venv-genai-perf/bin/genai-perf``, else on PATH
+    (None if none)."""
     for cand in (explicit, str(ROOT / ".venv-genai-perf" / "bin" / "genai-perf"), shutil.which("genai-perf")):
         if cand and Path(cand).exists():
             return cand
@@ -185,7 +188,9 @@ def run_genai_perf(exe: str, url: str, prompts: list[str], method: str, k: int, 
     r = subprocess.run(cmd, env=perf_analyzer_env(), capture_output=True, text=True, timeout=3600, cwd=workdir)
     exports = sorted(art.rglob("*genai_perf.json"))
     if r.returncode != 0 or not exports:
-        raise RuntimeError(f"genai-perf failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+        raise RuntimeError(
+            f"genai-perf failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        )
     s = json.loads(exports[0].read_text())
 
     def stat(name, key="avg"):
@@ -403,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     genai = None if args.genai_perf == "none" else find_genai_perf(args.genai_perf)
     if genai is None and args.genai_perf != "none":
-        print("genai-perf not found (scripts/setup_bench.sh installs it into .venv-genai-perf): skipping it", flush=True)
+        print("genai-perf not found (scripts/setup_bench.sh installs it into .venv-genai-perf): skipping it",
+              flush=True)
 
     @contextlib.contextmanager
     def serve(extra: dict, tag: str):
@@ -420,8 +426,9 @@ def main(argv: list[str] | None = None) -> int:
             stream_generate(srv.grpc_url, prompts[-1], 8, speculative_method=m)  # warm-up
             for c in levels:
                 print(f"perf_analyzer: {m}, concurrency {c}, {len(windows[c])} requests ...", flush=True)
-                rows.append(measure(srv, lambda: run_perf_analyzer(
-                    srv.grpc_url, windows[c], m, args.num_draft_tokens, c, len(windows[c]), args.max_tokens, workdir)))
+                rows.append(measure(srv, partial(
+                    run_perf_analyzer, srv.grpc_url, windows[c], m, args.num_draft_tokens, c, len(windows[c]),
+                    args.max_tokens, workdir)))
                 print(f"  {rows[-1]['tokens_per_s']:.2f} tokens/s, TTFT {rows[-1]['ttft_ms']:.0f} ms, "
                       f"ITL {rows[-1]['itl_ms']:.1f} ms, target batch {rows[-1]['target_mean_batch'] or 0:.2f}",
                       flush=True)
@@ -442,14 +449,14 @@ def main(argv: list[str] | None = None) -> int:
                 stream_generate(srv.grpc_url, prompts[-1], 8, speculative_method=m)
                 print(f"perf_analyzer (disable_by_batch_size={args.disable_by_batch_size}): {m}, concurrency {c} ...",
                       flush=True)
-                row = measure(srv, lambda: run_perf_analyzer(
-                    srv.grpc_url, windows[c], m, args.num_draft_tokens, c, len(windows[c]), args.max_tokens, workdir,
-                    tag="disable."))
+                row = measure(srv, partial(
+                    run_perf_analyzer, srv.grpc_url, windows[c], m, args.num_draft_tokens, c, len(windows[c]),
+                    args.max_tokens, workdir, tag="disable."))
                 rows.append(row | {"disable_by_batch_size": args.disable_by_batch_size})
     baselines = []
     if not args.skip_baselines:
-        print(f"in-process baselines on the {len(windows[levels[0]])} prompts of the concurrency-{levels[0]} window ...",
-              flush=True)
+        print(f"in-process baselines on the {len(windows[levels[0]])} prompts of the concurrency-{levels[0]} "
+              "window ...", flush=True)
         baselines = in_process_baselines(windows[levels[0]], args.max_tokens, args.num_draft_tokens, draft_dir)
 
     title = (f"HumanEval, {args.max_tokens} tokens/request (ignore_eos), greedy, k={args.num_draft_tokens}, "

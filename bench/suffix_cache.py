@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                              check=True, capture_output=True, text=True).stdout
         runs.append(json.loads(out.strip().splitlines()[-1]))
 
-    print(f"\nmax_tree_depth 64, k={args.k}; speculate timed over {args.queries} decoding steps (includes the update)\n")
+    print(f"\nmax_tree_depth 64, k={args.k}; speculate timed over {args.queries} decoding steps "
+          "(includes the update)\n")
     print(f"{'engine':<8}{'cached':>8}{'inserted':>11}{'insert us/tok':>14}{'RSS MB':>9}{'B/token':>9}"
           f"{'spec median ms':>16}{'p99 ms':>8}{'draft len':>10}")
     for r in runs:

@@ -16,6 +16,7 @@ import json
 import platform
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -83,7 +84,7 @@ def main(argv=None) -> int:
                 seeds = torch.arange(b, dtype=torch.int64)
                 nbytes = (tp.numel() + dp.numel()) * 4
                 for be in backends:
-                    s = time_call(lambda: rejection_sample(tp, ids, dp, seeds=seeds, backend=be), dev, args.reps)
+                    s = time_call(partial(rejection_sample, tp, ids, dp, seeds=seeds, backend=be), dev, args.reps)
                     gbs = nbytes / s / 1e9
                     rows.append({"backend": be, "B": b, "k": k, "V": v, "bytes": nbytes, "seconds": s, "GB_per_s": gbs,
                                  "fraction_of_peak": gbs / peak})

@@ -9,8 +9,9 @@ has stopped, transformers ``generate(do_sample=False)`` and its prompt lookup (`
 the same prompts in this process. Prints a table, the stages and the goals (the default method >= 2.0x ``none`` and
 >= 1.0x in-process prompt lookup; no method below 0.95x ``none`` on any prompt; ``none`` at concurrency 8 >= 3x
 concurrency 1; ``none`` through the server >= 0.95x in-process ``generate``), saves JSON and a PNG plot (tokens/s and
-mean tokens per step per method and pass). Ratios are measured in the same run (the machine is shared and noisy). ``draft`` (and hybrid's fallback) needs a draft LM: ``--draft-model`` / ``DRAFT_MODEL``; without one, draft is
-skipped and hybrid falls back to n-gram lookup. By default the distilled draft of ``make draft`` is used when it exists.
+mean tokens per step per method and pass). Ratios are measured in the same run (the machine is shared and noisy).
+``draft`` (and hybrid's fallback) needs a draft LM: ``--draft-model`` / ``DRAFT_MODEL``; without one, draft is skipped
+and hybrid falls back to n-gram lookup. By default the distilled draft of ``make draft`` is used when it exists.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def bench_server(url: str, prompts: list[str], max_tokens: int, method: str, k: 
         per_prompt.append({"tokens": len(r.output_ids), "seconds": r.total_s, "steps": r.stats["num_steps"]})
     return {
         "method": f"server:{method}", "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
-        "mean_tokens_per_step": tokens / steps, "mean_accepted_per_step": accepted / steps, "draft_tokens": drafted, "accepted_tokens": accepted,
+        "mean_tokens_per_step": tokens / steps, "mean_accepted_per_step": accepted / steps, "draft_tokens": drafted,
+        "accepted_tokens": accepted,
         "acceptance_rate": accepted / drafted if drafted else None, "median_ttft_ms": 1000 * statistics.median(ttfts),
         "tokens_per_step_histogram": {str(n): c for n, c in sorted(hist.items())},
         # P(at least j drafts accepted in a step), j = 1..k: exact for methods that draft k tokens every step (draft)
@@ -88,7 +90,8 @@ def bench_transformers(prompts: list[str], max_tokens: int, k: int = 4) -> list[
             ids = tok(prompt, return_tensors="pt")["input_ids"]
             t0 = time.perf_counter()
             with torch.inference_mode():
-                out = model.generate(ids, max_new_tokens=max_tokens, do_sample=False, **extra)[0, ids.shape[1]:].tolist()
+                out = model.generate(ids, max_new_tokens=max_tokens, do_sample=False,
+                                     **extra)[0, ids.shape[1]:].tolist()
             dt = time.perf_counter() - t0
             eos = tok.eos_token_id
             n = out.index(eos) if eos in out else len(out)
@@ -216,7 +219,8 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     for ax, key, label in ((axes[0], "tokens_per_s", "output tokens/s"), (axes[1], "mean_tokens_per_step",
                                                                             "mean tokens per step")):
         for j, p in enumerate(passes):
-            vals = [next((r[key] for r in server if r["method"] == f"server:{m}" and r["pass"] == p), 0) for m in methods]
+            vals = [next((r[key] for r in server if r["method"] == f"server:{m}" and r["pass"] == p), 0)
+                    for m in methods]
             xs = [i + (j - (len(passes) - 1) / 2) * width for i in range(len(methods))]
             bars = ax.bar(xs, vals, width, label=f"pass {p}")
             ax.bar_label(bars, fmt="%.1f", fontsize=7)
@@ -272,15 +276,16 @@ def main(argv: list[str] | None = None) -> int:
     for m in methods:
         if args.url:
             for p in range(1, args.passes + 1):
-                rows.append(bench_server(args.url, prompts, args.max_tokens, m, args.num_draft_tokens, p == 1) | {"pass": p})
+                rows.append(bench_server(args.url, prompts, args.max_tokens, m, args.num_draft_tokens, p == 1)
+                            | {"pass": p})
             continue
         repo = prepare_repository(draft_overrides(args.draft_model) if args.draft_model else None)
         log = args.output.with_name(f"{args.output.stem}.{m}.server.log")
         with TritonServer(repo, log_path=log) as srv:
             srv.wait_ready()
             for p in range(1, args.passes + 1):
-                print(f"speculative_method={m}, pass {p}/{args.passes}: {len(prompts)} prompts through a fresh server ...",
-                      flush=True)
+                print(f"speculative_method={m}, pass {p}/{args.passes}: {len(prompts)} prompts through a fresh "
+                      "server ...", flush=True)
                 if p == 1:
                     stream_generate(srv.grpc_url, "warm up", 4, speculative_method=m)
                     before = stage_counters(srv.metrics_url)

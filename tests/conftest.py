@@ -48,7 +48,8 @@ def real_model(real_model_dir):
 
 
 def _running_server(repo, log):
-    """Generator for a fixture: a started, ready TritonServer on free ports; stopped afterwards, its log tail printed."""
+    """Generator for a fixture: a started, ready TritonServer on free ports; stopped afterwards, its log tail
+    printed."""
     from spec_decode.server import TritonServer
 
     srv = TritonServer(repo, log_path=log)

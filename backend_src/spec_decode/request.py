@@ -109,7 +109,8 @@ def parse_request(inputs: dict[str, np.ndarray], limits: ServerLimits) -> Genera
     if not text:
         raise InvalidInputError("text_input", "must be a non-empty string")
     if len(text) > limits.max_model_len * CHARS_PER_TOKEN_LIMIT:  # cannot fit: refuse before tokenising it
-        raise InvalidInputError("text_input", f"{len(text)} characters; at most {limits.max_model_len * CHARS_PER_TOKEN_LIMIT} "
+        raise InvalidInputError("text_input",
+                                f"{len(text)} characters; at most {limits.max_model_len * CHARS_PER_TOKEN_LIMIT} "
                                 f"(the prompt must fit in max_model_len={limits.max_model_len} tokens)")
 
     max_tokens = _scalar(inputs, "max_tokens", "iu", "integer")

@@ -27,7 +27,9 @@ class TargetScorer:
         """V, the target's vocabulary size."""
         return self.lm.vocab_size
 
-    def score(self, seq_id: int, token_ids: list[int], draft_token_ids: list[int], params: SamplingParams) -> torch.Tensor:
+    def score(
+        self, seq_id: int, token_ids: list[int], draft_token_ids: list[int], params: SamplingParams
+    ) -> torch.Tensor:
         """Target probabilities for k+1 positions.
 
         Args:

@@ -25,6 +25,7 @@ import sysconfig
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 from .healing import Healer, remove_shm_regions, stub_processes
@@ -57,7 +58,8 @@ def embedded_server_dir() -> Path:
     """Lay out the embedded tritonserver once and return its folder."""
     root = _pytriton_root() / "tritonserver"
     dest = cache_dir() / f"tritonserver-py{sys.version_info.major}.{sys.version_info.minor}"
-    stub = root / "python_backend_stubs" / f"{sys.version_info.major}.{sys.version_info.minor}" / "triton_python_backend_stub"
+    stub = (root / "python_backend_stubs" / f"{sys.version_info.major}.{sys.version_info.minor}"
+            / "triton_python_backend_stub")
     if (dest / "bin" / "tritonserver").exists() and (dest / "backends" / "python" / stub.name).exists():
         return dest
     tmp = Path(tempfile.mkdtemp(dir=dest.parent if dest.parent.exists() else None))
@@ -92,6 +94,11 @@ def server_command() -> tuple[list[str], dict[str, str]]:
 _PARAM = r'(parameters:\s*\{{\s*key:\s*"{key}"\s*value:\s*\{{\s*string_value:\s*)"[^"]*"'
 
 
+def _quoted_value(value: str, m: re.Match) -> str:
+    """Replacement for a ``_PARAM`` match: the text before the value, then ``value`` quoted (no escape processing)."""
+    return m.group(1) + f'"{value}"'
+
+
 def prepare_repository(overrides: dict[str, dict[str, str]] | None = None, src: Path = DEFAULT_REPOSITORY) -> Path:
     """The model repository to serve: ``src`` itself, or a copy with config parameters overridden.
 
@@ -109,7 +116,7 @@ def prepare_repository(overrides: dict[str, dict[str, str]] | None = None, src: 
         cfg = dst / model / "config.pbtxt"
         text = cfg.read_text()
         for key, value in params.items():
-            text, n = re.subn(_PARAM.format(key=re.escape(key)), lambda m: m.group(1) + f'"{value}"', text)
+            text, n = re.subn(_PARAM.format(key=re.escape(key)), partial(_quoted_value, value), text)
             if n != 1:
                 raise KeyError(f"{model}/config.pbtxt has no parameter {key!r}")
         cfg.write_text(text)
@@ -215,7 +222,7 @@ class TritonServer:
             raise RuntimeError("tritonserver is not running")
         return process_rss(self.proc.pid, self.repository)
 
-    def start(self) -> "TritonServer":
+    def start(self) -> TritonServer:
         """Launch tritonserver (returns at once; see :meth:`wait_ready`)."""
         cmd, env = server_command()
         self._key = secrets.token_urlsafe(24)
@@ -387,7 +394,7 @@ class TritonServer:
             self._log.close()
             self._log = None
 
-    def __enter__(self) -> "TritonServer":
+    def __enter__(self) -> TritonServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -38,7 +38,9 @@ class Verifier:
 
     def __post_init__(self):
         if self.acceptance_method not in ACCEPTANCE_METHODS:
-            raise ValueError(f"acceptance_method={self.acceptance_method!r}: allowed values are {', '.join(ACCEPTANCE_METHODS)}")
+            raise ValueError(
+                f"acceptance_method={self.acceptance_method!r}: allowed values are {', '.join(ACCEPTANCE_METHODS)}"
+            )
         check_typical_parameters(self.typical_epsilon, self.typical_alpha, ("typical_epsilon", "typical_alpha"))
 
     def verify(

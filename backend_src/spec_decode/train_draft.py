@@ -21,8 +21,8 @@ matrix and, memory-bound on a CPU, most of its cost); ``draft_vocab.json`` maps 
 rejection sampling stays exact (the draft's probability is zero outside the set; vLLM/EAGLE-3 use the same idea).
 
 The result is an ordinary Hugging Face folder (config.json, model.safetensors, tokenizer files) plus
-``draft_vocab.json`` and ``train_draft.json`` (settings, loss curve, evaluation), written atomically to ``--output`` (default
-``$SPEC_DECODE_CACHE/models/SmolLM2-135M-Instruct-draft``, outside the repository). Phases 1-2 are cached in
+``draft_vocab.json`` and ``train_draft.json`` (settings, loss curve, evaluation), written atomically to ``--output``
+(default ``$SPEC_DECODE_CACHE/models/SmolLM2-135M-Instruct-draft``, outside the repository). Phases 1-2 are cached in
 ``<output>.work``. About 13 minutes on 2 CPU cores with the defaults (target continuations ~5, teacher passes ~2,
 distillation ~6).
 """
@@ -223,7 +223,7 @@ def evaluate(draft, seqs: list[list[int]], prompt_lens: list[int], teacher, k: i
     starts = 0
     live_hist = [0] * (k + 1)  # steps by number of drafts accepted
     with torch.inference_mode():
-        for ids, plen, (lp, idx) in zip(seqs, prompt_lens, teacher):
+        for ids, plen, (_lp, idx) in zip(seqs, prompt_lens, teacher):
             if len(ids) - plen < 2:
                 continue
             if vocab is None:

@@ -10,7 +10,8 @@ N_PROMPTS, N_TOKENS = 5, 64
 
 @pytest.fixture(scope="session")
 def greedy_references(real_model, real_tokenizer):
-    """In-process transformers generate(do_sample=False) of the target alone: (prompt, new ids) for 5 HumanEval prompts."""
+    """In-process transformers generate(do_sample=False) of the target alone: (prompt, new ids) for 5 HumanEval
+    prompts."""
     refs = []
     for prompt in humaneval_prompts(N_PROMPTS):
         ids = real_tokenizer(prompt, return_tensors="pt")["input_ids"]

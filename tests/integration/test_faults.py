@@ -20,7 +20,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from client.generate import stream_generate
-from client.metrics import scrape, value, wait_for
+from client.metrics import value, wait_for
 from spec_decode.healing import stub_processes
 from spec_decode.server import DEFAULT_REPOSITORY, MODELS, TritonServer
 

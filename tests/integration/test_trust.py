@@ -89,8 +89,8 @@ def test_metrics_count_what_the_client_received(server):
     steps, emitted = (value(after, f"spec_decode_{n}_total", method="draft") for n in ("steps", "emitted_tokens"))
     assert value(after, "spec_decode_mean_accepted_length", method="draft") == pytest.approx(emitted / steps)
     assert 0 < value(after, "spec_decode_system_efficiency", method="draft") <= 1
-    for name, labels in (("spec_decode_propose_seconds_total", {"method": "draft"}), ("spec_decode_score_seconds_total", {}),
-                         ("spec_decode_verify_seconds_total", {})):
+    for name, labels in (("spec_decode_propose_seconds_total", {"method": "draft"}),
+                         ("spec_decode_score_seconds_total", {}), ("spec_decode_verify_seconds_total", {})):
         assert value(after, name, **labels) > value(before, name, **labels), name
     assert value(after, "spec_decode_suffix_cached_responses") >= 1  # the suffix response joined the global tree
     assert value(after, "spec_decode_target_kv_cache_tokens") == value(after, "spec_decode_draft_kv_cache_tokens") == 0

@@ -87,7 +87,8 @@ def test_make_bench_goals_use_pass_one_per_prompt_ratios_and_concurrency():
     assert hf["value"] == pytest.approx(10 / 10.4) and hf["reached"]
 
     before = {m: {"request_success": 0, "request_duration_us": 0, "compute_infer_duration_us": 0,
-                  "queue_duration_us": 0} for m in ("spec_step", "score_step", "draft_model", "target_model", "verifier")}
+                  "queue_duration_us": 0}
+              for m in ("spec_step", "score_step", "draft_model", "target_model", "verifier")}
     before |= {"score_s": 1.0, "verify_s": 0.0}
     after = {m: dict(v) for m, v in before.items() if isinstance(v, dict)}
     after["spec_step"]["request_duration_us"] = 250_000  # 10 steps of 45 ms, some with drafts, some without

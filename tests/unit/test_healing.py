@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from spec_decode.healing import Healer, LoadWatch, DiedWhileLoading, decoupled_models, python_models, stub_processes
+from spec_decode.healing import DiedWhileLoading, Healer, LoadWatch, decoupled_models, python_models, stub_processes
 from spec_decode.server import DEFAULT_REPOSITORY, TritonServer
 
 SLEEPER = "import time; time.sleep(120)"

@@ -102,7 +102,8 @@ def test_scorer_returns_k_plus_one_distributions(tiny_lm):
     probs = scorer.score(1, [1, 2, 3], [4, 5], GREEDY)
     assert probs.shape == (3, 97)
     torch.testing.assert_close(probs.sum(-1), torch.ones(3))
-    torch.testing.assert_close(probs, torch.softmax(_full_logits(tiny_lm, [1, 2, 3, 4, 5])[-3:], -1), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(probs, torch.softmax(_full_logits(tiny_lm, [1, 2, 3, 4, 5])[-3:], -1),
+                               atol=1e-5, rtol=1e-4)
 
 
 def test_top_k_top_p_transforms():
@@ -130,7 +131,8 @@ def test_self_draft_greedy_equals_plain_greedy(tiny_lm):
     step = LocalStep({"draft": draft, "ngram": NgramProposer(), "suffix": suffix,
                       "hybrid": HybridProposer(suffix, draft)}, TargetScorer(CachedCausalLM(tiny_lm)))
     for method in ("none", "ngram", "suffix", "hybrid", "draft"):
-        gen = Generation(7, prompt, GenerationRequest("x", 20, speculative_method=method), _DummyTokenizer(), [], 256, 0)
+        gen = Generation(7, prompt, GenerationRequest("x", 20, speculative_method=method), _DummyTokenizer(), [],
+                         256, 0)
         run_local(gen, step)
         assert gen.output_ids == ref, method
     assert gen.stats.accepted_tokens == gen.stats.draft_tokens > 0
@@ -200,7 +202,7 @@ def test_batches_split_where_padding_would_more_than_double_the_cached_positions
         for ids in seqs.values():
             ids.append(rng.randrange(97))
         calls = [(s, list(ids), 1) for s, ids in seqs.items()]
-        for (s, ids, n), got in zip(calls, lm.logits_batch(calls)):
+        for (_, ids, n), got in zip(calls, lm.logits_batch(calls)):
             torch.testing.assert_close(got, _full_logits(tiny_lm, ids)[-n:], atol=1e-5, rtol=1e-4)
     # the three short ones share a forward; the 300-token one (4 x 301 - 541 = 663 padded slots > 256) runs alone
     assert [len(x) for x in sizes] == [3, 3] and all(max(x) < 100 for x in sizes)

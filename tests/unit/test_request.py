@@ -63,4 +63,5 @@ def test_sizes_that_would_stall_the_event_loop_are_refused():
         parse_request(_req(stop_words=np.array([b"x%d" % i for i in range(65)], object)), LIMITS)
     with pytest.raises(InvalidInputError, match="at most 1024 characters"):
         parse_request(_req(stop_words=np.array([b"y" * 1025], object)), LIMITS)
-    assert len(parse_request(_req(stop_words=np.array([b"z%d" % i for i in range(64)], object)), LIMITS).stop_words) == 64
+    assert len(parse_request(_req(stop_words=np.array([b"z%d" % i for i in range(64)], object)),
+                             LIMITS).stop_words) == 64

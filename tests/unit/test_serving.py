@@ -187,7 +187,8 @@ def test_metrics_count_committed_tokens_and_export_them(backend):
     assert m.get("spec_decode_acceptance_rate", method="ngram") == pytest.approx(accepted / drafted)
     assert m.get("spec_decode_mean_accepted_length", method="ngram") == pytest.approx(emitted / steps)
     # what went to pb_utils.MetricFamily is what the process holds
-    exported = {(f.name, tuple(sorted(x.labels.items()))): x.value for f in _FakeMetricFamily.created for x in f.metrics}
+    exported = {(f.name, tuple(sorted(x.labels.items()))): x.value
+                for f in _FakeMetricFamily.created for x in f.metrics}
     assert exported[("spec_decode_emitted_tokens_total", (("method", "ngram"),))] == emitted
     assert {f.name for f in _FakeMetricFamily.created} <= set(METRICS)
 
@@ -271,7 +272,8 @@ def test_target_and_draft_backends_batch_requests_and_isolate_errors(tiny_lm, tm
     calls = []
     score_batch = batched.scorer.score_batch
     batched.scorer.score_batch = lambda items: calls.append(len(items)) or score_batch(items)
-    out = batched.run_batch([req(1, [5, 6, 7], [8, 9]), req(2, [1, 2], [3]), req(3, [1, 500]), req(4, [1], release=True)])
+    out = batched.run_batch([req(1, [5, 6, 7], [8, 9]), req(2, [1, 2], [3]), req(3, [1, 500]),
+                             req(4, [1], release=True)])
     assert calls == [2]
     for got, want in zip(out[:2], expected):
         torch.testing.assert_close(got["target_probs"], want, atol=1e-5, rtol=1e-4)

@@ -64,7 +64,8 @@ def test_speculation_equals_brute_force(seed):
                 assert tree.find(s[i:j])[0] == _count(seqs, s[i:j])
     for _ in range(5):
         context = [rng.randrange(4) for _ in range(rng.randrange(1, 10))]
-        k, factor, offset, min_prob = rng.choice([2, 4, 8]), rng.choice([0.5, 1.0, 2.0]), rng.choice([0, 1]), rng.choice([0.05, 0.1, 0.3])
+        k, factor, offset, min_prob = (rng.choice([2, 4, 8]), rng.choice([0.5, 1.0, 2.0]), rng.choice([0, 1]),
+                                       rng.choice([0.05, 0.1, 0.3]))
         got = speculate(tree, context, k, factor, offset, min_prob)
         toks, score, m, _ = _brute_speculate(seqs, depth, context, k, factor, offset, min_prob)
         # A request's own trie: its current sequence is the context, and the known suffix nodes give the same answer.
@@ -82,7 +83,8 @@ def test_speculation_equals_brute_force(seed):
 exact_cases: list[int] = []
 
 
-@pytest.mark.skipif(not arctic_available(), reason="Arctic's suffix tree is not built (test_arctic_suffix_tree_is_installed fails)")
+@pytest.mark.skipif(not arctic_available(),
+                    reason="Arctic's suffix tree is not built (test_arctic_suffix_tree_is_installed fails)")
 @pytest.mark.parametrize("seed", range(12))
 def test_arctic_speculation_equals_brute_force(seed):
     """Arctic's C++ tree gives the brute-force draft, probabilities, score and match length (it matches at most
@@ -100,7 +102,8 @@ def test_arctic_speculation_equals_brute_force(seed):
     checked_exact = 0
     for _ in range(5):
         context = [rng.randrange(6) for _ in range(rng.randrange(2, 10))][-depth:]
-        k, factor, offset, min_prob = rng.choice([2, 4, 8]), rng.choice([0.5, 1.0, 2.0]), rng.choice([0, 1]), rng.choice([0.05, 0.1, 0.3])
+        k, factor, offset, min_prob = (rng.choice([2, 4, 8]), rng.choice([0.5, 1.0, 2.0]), rng.choice([0, 1]),
+                                       rng.choice([0.05, 0.1, 0.3]))
         got = tree.speculate(context, k, factor, offset, min_prob, False)
         ties = []
         toks, score, m, probs = _brute_speculate(seqs, depth, context, k, factor, offset, min_prob,

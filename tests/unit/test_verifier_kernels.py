@@ -1,4 +1,5 @@
-"""The verifier's Triton kernels: exact agreement with the torch maths under TRITON_INTERPRET=1, and sm_90 compilation."""
+"""The verifier's Triton kernels: exact agreement with the torch maths under TRITON_INTERPRET=1, and sm_90
+compilation."""
 
 import os
 import subprocess
@@ -10,7 +11,6 @@ import torch
 from spec_decode.verifier import rejection_sample, typical_acceptance_sample
 from spec_decode.verifier.kernels import rejection_triton, typical_triton
 from spec_decode.verifier.torch_impl import rejection_torch, typical_torch
-
 
 
 def _case(v, k, b=4, seed=0, dtype=torch.float32):

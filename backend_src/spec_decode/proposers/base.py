@@ -24,7 +24,7 @@ class Proposal:
     draft_probs: torch.Tensor | None = None
 
     @staticmethod
-    def empty() -> "Proposal":
+    def empty() -> Proposal:
         """A proposal with no draft tokens."""
         return Proposal(torch.empty(0, dtype=torch.int64), None)
 

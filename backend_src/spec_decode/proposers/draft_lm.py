@@ -37,7 +37,8 @@ class DraftModelProposer:
         """Sample ``k`` draft tokens (argmax when greedy); noise keyed by (seed, step, position).
 
         Returns:
-            Proposal with draft_token_ids [k] int64 and draft_probs [k, V] float32 (on the draft model's device), or an empty proposal for k=0.
+            Proposal with draft_token_ids [k] int64 and draft_probs [k, V] float32 (on the draft model's device), or an
+            empty proposal for k=0.
         """
         return self.propose_batch([(seq_id, token_ids, k, params, step)])[0]
 

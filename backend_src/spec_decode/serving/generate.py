@@ -255,7 +255,8 @@ class GenerateBackend:
         prompt_ids = self.tokenizer(req.text_input)["input_ids"]
         if len(prompt_ids) >= self.limits.max_model_len:
             raise InvalidInputError(
-                "text_input", f"prompt is {len(prompt_ids)} tokens; must be below max_model_len={self.limits.max_model_len}"
+                "text_input",
+                f"prompt is {len(prompt_ids)} tokens; must be below max_model_len={self.limits.max_model_len}",
             )
         seed = req.random_seed if req.random_seed is not None else self._rng.getrandbits(63)
         seq_id = self._rng.getrandbits(63)

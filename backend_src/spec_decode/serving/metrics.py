@@ -174,5 +174,6 @@ class Metrics:
 
 
 def stats_tuple(stats) -> tuple[int, int, int, int]:
-    """(steps, draft, accepted, emitted) of a :class:`~spec_decode.loop.GenerationStats` (for :meth:`Metrics.record_step`)."""
+    """(steps, draft, accepted, emitted) of a :class:`~spec_decode.loop.GenerationStats`
+    (for :meth:`Metrics.record_step`)."""
     return stats.steps, stats.draft_tokens, stats.accepted_tokens, stats.emitted_tokens

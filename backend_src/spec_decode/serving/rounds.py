@@ -15,10 +15,11 @@ so each model sees the whole round in one ``execute``).
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
-I = TypeVar("I")  # a step's inputs
-R = TypeVar("R")  # a step's result
+InputT = TypeVar("InputT")  # a step's inputs
+ResultT = TypeVar("ResultT")  # a step's result
 
 
 class StepRounds:
@@ -39,7 +40,7 @@ class StepRounds:
         ValueError: ``max_wait_s`` <= 0.
     """
 
-    def __init__(self, run_round: Callable[[list[I]], Awaitable[list]], max_wait_s: float = 0.02):
+    def __init__(self, run_round: Callable[[list[InputT]], Awaitable[list]], max_wait_s: float = 0.02):
         if not max_wait_s > 0:
             raise ValueError(f"max_wait_s must be > 0, got {max_wait_s}")
         self.run_round = run_round
@@ -47,7 +48,7 @@ class StepRounds:
         self.members = 0  # sequences in the generation loop
         self.rounds = 0  # rounds started (for tests)
         self.in_flight = False
-        self._pending: list[tuple[I, asyncio.Future]] = []
+        self._pending: list[tuple[InputT, asyncio.Future]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task | None = None  # the round in flight (a reference keeps it from being collected)
 
@@ -60,7 +61,7 @@ class StepRounds:
         self.members -= 1
         self._maybe_start()
 
-    async def submit(self, x: I) -> R:
+    async def submit(self, x: InputT) -> ResultT:
         """Run step ``x`` in the next round; returns its result (raises its exception)."""
         fut = asyncio.get_running_loop().create_future()
         self._pending.append((x, fut))

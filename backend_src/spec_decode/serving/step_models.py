@@ -1,8 +1,9 @@
 """Backends of the three models of the ``spec_step`` ensemble: draft_model, target_model, verifier.
 
 Each takes the step protocol's inputs (README, "How it works": sequence id, committed token ids, k, method, sampling
-parameters, seed and step, release flag) as numpy arrays (or torch tensors on GPU) and returns its outputs. A ``release`` request
-frees the sequence's caches and returns empty outputs, which flow through the ensemble to an empty result.
+parameters, seed and step, release flag) as numpy arrays (or torch tensors on GPU) and returns its outputs. A
+``release`` request frees the sequence's caches and returns empty outputs, which flow through the ensemble to an empty
+result.
 """
 
 from __future__ import annotations
@@ -14,8 +15,14 @@ import numpy as np
 import torch
 
 from ..kv_cache import CachedCausalLM
-from ..models import (load_causal_lm, load_draft_vocab, resolve_device, resolve_draft_path, resolve_dtype,
-                      resolve_model_path)
+from ..models import (
+    load_causal_lm,
+    load_draft_vocab,
+    resolve_device,
+    resolve_draft_path,
+    resolve_dtype,
+    resolve_model_path,
+)
 from ..proposers import DraftModelProposer, HybridProposer, NgramProposer, SuffixProposer
 from ..sampling import SamplingParams
 from ..scorer import TargetScorer
@@ -275,8 +282,8 @@ class TargetBackend(_BatchedBackend):
 
     Config parameters: model_path ("default" = the embedded SmolLM2-135M-Instruct), device, dtype, max_sequences.
     Output: target_probs FP32 [k+1, V] (on the model's device; [0, 0] for a release).
-    Metrics: time scoring, the target's KV caches. ``run`` scores one sequence (or frees its KV cache when ``release`` is
-    set); ``run_batch`` scores several sequences' k+1 positions in one forward pass.
+    Metrics: time scoring, the target's KV caches. ``run`` scores one sequence (or frees its KV cache when ``release``
+    is set); ``run_batch`` scores several sequences' k+1 positions in one forward pass.
     """
 
     INPUTS = ("sequence_id", "token_ids", "draft_token_ids", "temperature", "top_k", "top_p", "release")

@@ -18,7 +18,8 @@ _PTRS = {"tp_ptr": "*fp32", "dp_ptr": "*fp32", "ids_ptr": "*i64", "seeds_ptr": "
 def compile_all(arch: int = 90, block_v: int = 4096) -> list[str]:
     """Compile each kernel variant for ``cuda:arch``; returns a line per variant. Raises on a compile error."""
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, compile as triton_compile
+    from triton.compiler import ASTSource
+    from triton.compiler import compile as triton_compile
 
     from .kernels import rejection_kernel, typical_kernel
 

@@ -36,12 +36,16 @@ def validate_inputs(
         ValueError: naming the offending argument and what is allowed.
     """
     if not isinstance(target_probs, torch.Tensor) or target_probs.dim() != 3:
-        raise ValueError(f"target_probs must be a [B, k+1, V] tensor, got shape {tuple(getattr(target_probs, 'shape', ()))}")
+        raise ValueError(
+            f"target_probs must be a [B, k+1, V] tensor, got shape {tuple(getattr(target_probs, 'shape', ()))}"
+        )
     if target_probs.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"target_probs dtype must be float32, float16 or bfloat16, got {target_probs.dtype}")
     b, k1, v = target_probs.shape
     if k1 < 1 or v < 1:
-        raise ValueError(f"target_probs must have k+1 >= 1 positions and V >= 1 tokens, got {tuple(target_probs.shape)}")
+        raise ValueError(
+            f"target_probs must have k+1 >= 1 positions and V >= 1 tokens, got {tuple(target_probs.shape)}"
+        )
     if k1 - 1 > MAX_K:
         raise ValueError(f"target_probs has k = {k1 - 1} draft positions; allowed: at most {MAX_K}")
     if not isinstance(draft_token_ids, torch.Tensor):

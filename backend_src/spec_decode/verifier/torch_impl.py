@@ -40,7 +40,8 @@ def _neg_entropy(p: torch.Tensor) -> torch.Tensor:
 
 def _first_rejection(ok: torch.Tensor) -> torch.Tensor:
     """[B, k] bool -> [B] int64 number of leading True values (accepted drafts)."""
-    return torch.cumprod(ok.to(torch.int64), dim=-1).sum(-1) if ok.shape[-1] else ok.new_zeros(ok.shape[0], dtype=torch.int64)
+    return (torch.cumprod(ok.to(torch.int64), dim=-1).sum(-1) if ok.shape[-1]
+            else ok.new_zeros(ok.shape[0], dtype=torch.int64))
 
 
 def _assemble(draft_token_ids: torch.Tensor, n: torch.Tensor, token: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""Triton adapter of the draft_model model: tensors in and out, logic in spec_decode.serving.step_models.DraftBackend."""
+"""Triton adapter of the draft_model model: tensors in and out, logic in
+spec_decode.serving.step_models.DraftBackend."""
 
 import triton_python_backend_utils as pb_utils
 

@@ -1,4 +1,5 @@
-"""Triton adapter of the target_model model: tensors in and out, logic in spec_decode.serving.step_models.TargetBackend."""
+"""Triton adapter of the target_model model: tensors in and out, logic in
+spec_decode.serving.step_models.TargetBackend."""
 
 import triton_python_backend_utils as pb_utils
 

@@ -1,4 +1,5 @@
-"""Triton adapter of the verifier model: tensors in and out, logic in spec_decode.serving.step_models.VerifierBackend."""
+"""Triton adapter of the verifier model: tensors in and out, logic in
+spec_decode.serving.step_models.VerifierBackend."""
 
 import triton_python_backend_utils as pb_utils
 
