@@ -140,7 +140,7 @@ class _BatchedBackend:
     """``run``/``run_batch`` of a model whose requests can share forward passes (draft_model, target_model).
 
     Subclasses define ``_plan(inputs)`` (outputs, or a :class:`_Work` for the batch), ``_run_group(args list)`` (one
-    batched call) and ``_cache_gauges()`` (refreshed after every execute).
+    batched call), ``_cache_gauges()`` (refreshed after every execute) and may override ``_is_release(inputs)``.
     """
 
     def run(self, inputs: dict) -> dict:
@@ -164,8 +164,12 @@ class _BatchedBackend:
             return run_batched(inputs_list, self._plan, self._run_group)
         finally:
             self._cache_gauges()
-            if any(_is_release(i) for i in inputs_list):  # a sequence ended: export its figures
+            if any(self._is_release(i) for i in inputs_list):  # a sequence ended: export its figures
                 self.metrics.flush()
+
+    @staticmethod
+    def _is_release(inputs: dict) -> bool:
+        return _is_release(inputs)
 
 
 def _no_drafts() -> dict:
@@ -315,14 +319,16 @@ class TargetBackend(_BatchedBackend):
         return _Work(seq_id, (seq_id, ids, drafts, params), lambda probs: {"target_probs": probs.float()})
 
 
-class VerifierBackend:
+class VerifierBackend(_BatchedBackend):
     """verifier: rejection sampling (lossless) or typical acceptance (not lossless); greedy check at temperature 0.
 
     Config parameters: acceptance_method (rejection | typical, the default when a request names none),
     typical_epsilon (0.09), typical_alpha (0.3), backend (auto | triton | torch), num_threads (torch CPU threads of
     this process, 1; 0 = torch's default).
     Outputs: output_ids INT64 [n] (1 <= n <= k+1), output_log_probs FP32 [n]; both empty for a release.
-    Metrics: time verifying.
+    Metrics: time verifying. ``run_batch`` verifies every sequence of one ``execute()`` (a round, and any requests
+    queued with it) in one :meth:`Verifier.verify_batch` call: one kernel launch per kind of row on CUDA; a row's bad
+    input fails that row alone, a sampler error the rows verified with it.
     """
 
     INPUTS = ("target_probs", "draft_token_ids", "draft_probs", "temperature", "random_seed", "step",
@@ -339,17 +345,6 @@ class VerifierBackend:
             typical_alpha=config_param(params, "typical_alpha", 0.3),
             backend=config_param(params, "backend", "auto"),
         )
-
-    def run(self, inputs: dict) -> dict:
-        """Verify one sequence's drafts against its target probabilities (:meth:`run_batch` of one request).
-
-        Raises:
-            ValueError: an invalid input (named) or invalid probabilities.
-        """
-        (result,) = self.run_batch([inputs])
-        if isinstance(result, Exception):
-            raise result
-        return result
 
     def _row(self, inputs: dict) -> tuple:
         """One sequence's arguments of :meth:`Verifier.verify_batch`, without the round's padding."""
@@ -371,37 +366,24 @@ class VerifierBackend:
         return (tp[: k + 1], drafts.to(tp.device), dp, int(_one(inputs, "random_seed", 0)),
                 int(_one(inputs, "step", 0)), float(_one(inputs, "temperature", 0.0)) <= 0.0, method)
 
-    def run_batch(self, inputs_list: list[dict]) -> list:
-        """Verify every sequence of one ``execute()`` (a round, and any requests queued with it) in one
-        :meth:`Verifier.verify_batch` call: one kernel launch per kind of row on CUDA.
+    @staticmethod
+    def _is_release(inputs: dict) -> bool:
+        """A release reaches the verifier as target_probs with no rows (target_model's output for it)."""
+        tp = inputs.get("target_probs")
+        return tp is not None and torch.as_tensor(tp).shape[0] == 0
 
-        Returns:
-            per request, its outputs (output_ids INT64 [n], output_log_probs FP32 [n]; empty for a release) or the
-            exception that fails it: a row's bad input fails that row alone; a sampler error fails the rows verified
-            with it.
-        """
-        results: list = [None] * len(inputs_list)
-        rows, where, released = [], [], False
-        for i, inputs in enumerate(inputs_list):
-            try:
-                if torch.as_tensor(inputs["target_probs"]).shape[0] == 0:  # release: a sequence ended
-                    results[i] = {"output_ids": np.zeros(0, np.int64), "output_log_probs": np.zeros(0, np.float32)}
-                    released = True
-                    continue
-                rows.append(self._row(inputs))
-                where.append(i)
-            except Exception as exc:  # noqa: BLE001 - this row's error response
-                results[i] = exc
-        if released:
-            self.metrics.flush()  # export the ended sequences' figures
-        if rows:
-            start = time.perf_counter()
-            try:
-                for i, (ids, lps) in zip(where, self.verifier.verify_batch(rows)):
-                    results[i] = {"output_ids": np.asarray(ids, np.int64),
-                                  "output_log_probs": np.asarray(lps, np.float32)}
-            except Exception as exc:  # noqa: BLE001 - the sampler's error fails the rows it was verifying
-                for i in where:
-                    results[i] = exc
-            self.metrics.add("spec_decode_verify_seconds_total", time.perf_counter() - start)
-        return results
+    def _cache_gauges(self) -> None:
+        """The verifier keeps no per-sequence state."""
+
+    def _plan(self, inputs: dict):
+        if self._is_release(inputs):
+            return {"output_ids": np.zeros(0, np.int64), "output_log_probs": np.zeros(0, np.float32)}
+        # Rows have no per-sequence state: any distinct key puts them all in one group.
+        return _Work(id(inputs), self._row(inputs), lambda out: {
+            "output_ids": np.asarray(out[0], np.int64), "output_log_probs": np.asarray(out[1], np.float32)})
+
+    def _run_group(self, rows: list[tuple]) -> list:
+        start = time.perf_counter()
+        out = self.verifier.verify_batch(rows)
+        self.metrics.add("spec_decode_verify_seconds_total", time.perf_counter() - start)
+        return out

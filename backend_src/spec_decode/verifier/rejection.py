@@ -17,7 +17,7 @@ import os
 import torch
 
 from ..sampling import generator_for
-from .torch_impl import rejection_torch, typical_torch
+from .torch_impl import _first_rejection, rejection_torch, typical_torch
 
 _UNIFORM, _RACE = 1, 2  # noise purposes mixed into a seeded row's generator seed
 MAX_K = 65535  # the most drafts per row: the kernels draw the race's noise from Philox offsets 2^16 and up
@@ -125,8 +125,7 @@ def _torch_noise(seeds: torch.Tensor, greedy: torch.Tensor, draft_token_ids: tor
     b, k = draft_token_ids.shape
     u = torch.zeros(b, k)
     e = torch.ones(b, v)
-    valid = (draft_token_ids >= 0).cpu().to(torch.int64)
-    lengths = valid.cumprod(-1).sum(-1).tolist() if k else [0] * b
+    lengths = _first_rejection((draft_token_ids >= 0).cpu()).tolist()  # drafts before the first placeholder
     for row, (s, g) in enumerate(zip(seeds.tolist(), greedy.tolist())):
         if not g:
             u[row, : lengths[row]] = torch.rand(lengths[row], generator=generator_for(s, _UNIFORM))
