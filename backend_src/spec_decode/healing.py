@@ -338,6 +338,7 @@ class Healer:
         acted = []
         with self._lock:
             for model, gone in gone_by_model.items():
+                gone &= self._expected.get(model, set())  # a reload that ended since the snapshot replaced them
                 if not gone or model in self._busy:
                     continue
                 acted.append(model)

@@ -145,6 +145,31 @@ def test_a_dead_step_model_is_unloaded_and_loaded_again(fake, tmp_path):
     assert healer.check() == []  # the new process is the expected one
 
 
+def test_a_look_that_overlaps_the_end_of_a_reload_does_not_report_the_old_process_again(fake, monkeypatch):
+    """A look snapshots the expected processes, then reads /proc: when a reload ends between the two (it replaces the
+    dead process with the new one and the model is no longer busy), the dead process must not count as a new death
+    (it did: a second reload, whose unload killed the fresh process while the test watched)."""
+    from spec_decode import healing
+
+    healer = Healer(fake, log=lambda m: None)
+    healer._rebaseline()
+    old = fake.stubs["verifier"].pid
+    fake.stubs["verifier"].kill()
+    fake.stubs["verifier"].wait()
+    replacement = fake.stubs["generate"].pid  # a live process stands for the reloaded one
+    real_alive = healing.process_alive
+
+    def alive_as_the_reload_ends(pid, parent):
+        with healer._lock:  # the reload finishes while this look reads /proc
+            healer._expected["verifier"] = {replacement}
+        return real_alive(pid, parent)
+
+    monkeypatch.setattr(healing, "process_alive", alive_as_the_reload_ends)
+    assert healer.check() == [] and healer.events == []
+    monkeypatch.setattr(healing, "process_alive", real_alive)
+    assert old not in healer._expected["verifier"] and healer.check() == []
+
+
 def test_a_dead_decoupled_model_restarts_the_whole_server(fake):
     healer = Healer(fake, log=lambda m: None)
     healer._rebaseline()
