@@ -1,10 +1,10 @@
 """Does adapting k to recent acceptance help?  Fixed k against transformers' "heuristic" schedule, in one process.
 
 For each proposer (ngram, suffix, and draft when ``--draft`` names a draft model folder), HumanEval prompts are decoded
-greedily in process (:class:`spec_decode.loop.LocalStep`, the same proposer/scorer/verifier objects the server runs)
-with a fixed k and with ``adaptive_max_num_draft_tokens`` (k += 2 after a fully accepted step, k -= 1 after a
-rejection). Fixed and adaptive runs alternate prompt by prompt, so machine noise hits both alike. Prints tokens/s,
-tokens per step and acceptance, saves JSON.
+greedily in process (:class:`spec_decode.in_process.LocalStep`, the same proposer/scorer/verifier objects the server
+runs) with a fixed k and with the heuristic schedule (:class:`spec_decode.proposers.schedule.HeuristicK`: k += 2 after a
+fully accepted step, k -= 1 after a rejection). Fixed and adaptive runs alternate prompt by prompt, so machine noise
+hits both alike. Prints tokens/s, tokens per step and acceptance, saves JSON.
 
 Usage: python bench/adaptive_k.py --prompts 10 --max-tokens 128 --k 4 --max-k 8 [--draft PATH]
 """
@@ -24,10 +24,12 @@ def main(argv: list[str] | None = None) -> int:
     """Run the comparison; returns 0."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from client.datasets import humaneval_prompts
+    from spec_decode.generation import Generation
+    from spec_decode.in_process import LocalStep, run_local
     from spec_decode.kv_cache import CachedCausalLM
-    from spec_decode.loop import Generation, LocalStep, run_local
-    from spec_decode.models import load_causal_lm, load_tokenizer, prepare_default_model
-    from spec_decode.proposers import DraftModelProposer, NgramProposer, SuffixProposer
+    from spec_decode.model_loading import load_causal_lm, load_tokenizer, prepare_default_model
+    from spec_decode.proposers import DraftModelProposer, NgramProposer, SuffixProposer, SuffixSettings
+    from spec_decode.proposers.schedule import ConstantK, HeuristicK
     from spec_decode.request import GenerationRequest
     from spec_decode.scorer import TargetScorer
 
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     path = prepare_default_model()
     tok = load_tokenizer(path)
     target = load_causal_lm(path, torch.device("cpu"), torch.float32)
-    proposers = {"ngram": NgramProposer(), "suffix": SuffixProposer(max_cached_requests=0)}
+    proposers = {"ngram": NgramProposer(), "suffix": SuffixProposer(SuffixSettings(max_cached_requests=0))}
     if args.draft:
         draft = load_causal_lm(args.draft, torch.device("cpu"), torch.float32)
         proposers["draft"] = DraftModelProposer(CachedCausalLM(draft))
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                                         num_draft_tokens=args.k, temperature=0.0)
                 seq += 1
                 gen = Generation(seq, ids, req, tok, eos, 4096, 0,
-                                 adaptive_max_num_draft_tokens=args.max_k if mode == "adaptive" else 0)
+                                 HeuristicK(args.max_k) if mode == "adaptive" else ConstantK())
                 t0 = time.perf_counter()
                 run_local(gen, step)
                 a = agg[mode]

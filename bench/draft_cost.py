@@ -26,12 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     """Measure and print the cost ratios; returns 0 (also when no draft exists: nothing to measure)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from client.datasets import humaneval_prompts
+    from spec_decode.draft_vocab import load_draft_vocab
     from spec_decode.kv_cache import CachedCausalLM
-    from spec_decode.models import (
+    from spec_decode.model_loading import (
         default_draft_dir,
         default_draft_ready,
         load_causal_lm,
-        load_draft_vocab,
         load_tokenizer,
         prepare_default_model,
     )
@@ -68,9 +68,9 @@ def main(argv: list[str] | None = None) -> int:
             t = time.perf_counter()
             lm.logits(seq, m(ids + [198]), 1)
             times[key].append(time.perf_counter() - t)
-        drafts = proposer.propose(seq, ids + [198, 220], args.k, greedy, 0)  # warm the draft cache to this length
+        drafts = proposer.propose_one(seq, ids + [198, 220], args.k, greedy, 0)  # warm the draft cache to this length
         t = time.perf_counter()
-        drafts = proposer.propose(seq, ids + [198, 220, 220], args.k, greedy, 1)
+        drafts = proposer.propose_one(seq, ids + [198, 220, 220], args.k, greedy, 1)
         times["draft_propose_k"].append(time.perf_counter() - t)
         scorer.score(seq, ids + [198, 220], [220], greedy)  # warm the target cache
         t = time.perf_counter()

@@ -72,7 +72,8 @@ def weight_bytes(model) -> int:
 
 def draft_model(target, draft_dir: Path | None):
     """The distilled draft (``draft_dir``), else the target's first 3 layers over an 8,192-token vocabulary."""
-    from spec_decode.models import DraftVocab, load_causal_lm
+    from spec_decode.draft_vocab import DraftVocab
+    from spec_decode.model_loading import load_causal_lm
     from spec_decode.train_draft import prune_vocabulary, truncated_copy
 
     if draft_dir is not None:
@@ -151,7 +152,7 @@ def time_batched(lm, prompts: list[list[int]], vocab: int, repeats: int, gen: to
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print the tables and goals; save JSON."""
     from spec_decode.kv_cache import CachedCausalLM
-    from spec_decode.models import default_draft_dir, default_draft_ready, load_causal_lm, prepare_default_model
+    from spec_decode.model_loading import default_draft_dir, default_draft_ready, load_causal_lm, prepare_default_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=9, help="timed forwards per configuration (median; default 9)")

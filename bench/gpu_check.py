@@ -431,8 +431,10 @@ def load_ensembles(paths: dict, dtype: str, verifier_backend: str) -> dict:
     """method -> LocalEnsemble: the served backends on DEV with ``dtype``; "self" drafts with the target itself."""
     from transformers.utils import logging as hf_logging
 
+    from spec_decode.serving.draft_model import DraftBackend
     from spec_decode.serving.local_ensemble import LocalEnsemble
-    from spec_decode.serving.step_models import DraftBackend, TargetBackend, VerifierBackend
+    from spec_decode.serving.target_model import TargetBackend
+    from spec_decode.serving.verifier_model import VerifierBackend
 
     hf_logging.disable_progress_bar()
 
@@ -455,7 +457,7 @@ def decode(ensemble, method: str, prompts: list[list[int]], batch: int, max_toke
     """Greedy decoding of ``prompts`` through ``ensemble``, ``batch`` sequences per round (lockstep, as generate's
     rounds), ``max_tokens`` each. The requests count as seeded, so suffix decoding drafts from each request's own tree
     only and no run learns from another's responses. Returns outputs, seconds, steps, drafted and accepted tokens."""
-    from spec_decode.loop import StepInputs
+    from spec_decode.protocol import StepInputs
     from spec_decode.sampling import SamplingParams
 
     params = SamplingParams(0.0, 0, 1.0, 0, seeded=True)

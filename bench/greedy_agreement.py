@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the comparison; print a table; save JSON."""
     from client.datasets import humaneval_prompts
     from spec_decode.kv_cache import CachedCausalLM
-    from spec_decode.models import load_causal_lm, load_tokenizer, prepare_default_model
+    from spec_decode.model_loading import load_causal_lm, load_tokenizer, prepare_default_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=20)

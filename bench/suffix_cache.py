@@ -74,20 +74,19 @@ class Data:
 
 def measure(backend: str, responses: int, length: int, bound: int, queries: int, k: int) -> dict:
     """Fill, time speculate over decoding steps, and read memory for one engine."""
-    from spec_decode.proposers import SuffixProposer
+    from spec_decode.proposers import SuffixProposer, SuffixSettings
 
     data = Data(0)
     prompts = [data.zipf(100).tolist() for _ in range(8)]
     rows = [data.row(length) for _ in range(responses)]
     gc.collect()
     rss0 = rss_mb()
-    p = SuffixProposer(max_tree_depth=64, max_cached_requests=bound, backend=backend)
+    p = SuffixProposer(SuffixSettings(max_tree_depth=64, max_cached_requests=bound, backend=backend))
     t0 = time.perf_counter()
     for i, resp in enumerate(rows):
         prompt = prompts[i % len(prompts)]
         p.speculate(i, prompt, k)
-        p.update(i, prompt + resp)
-        p.release(i)
+        p.release(i, prompt + resp)
     fill_s = time.perf_counter() - t0
     gc.collect()
     rss_filled = rss_mb()
@@ -111,7 +110,7 @@ def measure(backend: str, responses: int, length: int, bound: int, queries: int,
     lat_ms = np.sort(np.array(lat) * 1000)
     out = {
         "backend": p.backend, "responses": responses, "length": length, "tokens": responses * length,
-        "max_cached_requests": bound, "cached_requests": p.cached_requests(), "fill_s": fill_s,
+        "max_cached_requests": bound, "cached_requests": p.cache.cached_requests, "fill_s": fill_s,
         "insert_us_per_token": 1e6 * fill_s / (responses * length),
         "rss_before_mb": rss0, "rss_filled_mb": rss_filled,
         "bytes_per_cached_token": (rss_filled - rss0) * 2**20 / (min(responses, bound) * length),

@@ -26,7 +26,7 @@ def tiny_lm():
 @pytest.fixture(scope="session")
 def real_model_dir():
     """Folder of the embedded default target (SmolLM2-135M-Instruct), converted once."""
-    from spec_decode.models import prepare_default_model
+    from spec_decode.model_loading import prepare_default_model
 
     return prepare_default_model()
 
@@ -34,7 +34,7 @@ def real_model_dir():
 @pytest.fixture(scope="session")
 def real_tokenizer(real_model_dir):
     """The embedded target's tokenizer."""
-    from spec_decode.models import load_tokenizer
+    from spec_decode.model_loading import load_tokenizer
 
     return load_tokenizer(real_model_dir)
 
@@ -42,7 +42,7 @@ def real_tokenizer(real_model_dir):
 @pytest.fixture(scope="session")
 def real_model(real_model_dir):
     """The embedded target model, float32 on CPU."""
-    from spec_decode.models import load_causal_lm
+    from spec_decode.model_loading import load_causal_lm
 
     return load_causal_lm(real_model_dir, torch.device("cpu"), torch.float32)
 

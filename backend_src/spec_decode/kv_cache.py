@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .settings import InvalidInputError
+
 
 def cache_keyword(model) -> str:
     """The keyword by which ``model.forward`` takes its KV cache: ``cache`` in the transformers that
@@ -98,11 +100,6 @@ class CachedCausalLM:
         """Free the cache of ``seq_id``; returns whether there was one."""
         with self._lock:
             return self._entries.pop(seq_id, None) is not None
-
-    def clear(self) -> None:
-        """Free every cached sequence."""
-        with self._lock:
-            self._entries.clear()
 
     def _entry(self, seq_id: int) -> _Entry:
         e = self._entries.get(seq_id)
@@ -200,11 +197,13 @@ class CachedCausalLM:
         return groups
 
     def check(self, token_ids: list[int], n_logits: int) -> None:
-        """Raise ValueError (naming the bound) unless :meth:`logits` accepts ``token_ids`` and ``n_logits``."""
+        """Raise InvalidInputError (a ValueError naming the bound) unless :meth:`logits` accepts ``token_ids`` and
+        ``n_logits``."""
         if not 1 <= n_logits <= len(token_ids):
-            raise ValueError(f"n_logits must be in [1, {len(token_ids)}], got {n_logits}")
+            raise InvalidInputError("n_logits", f"must be in [1, {len(token_ids)}], got {n_logits}")
         if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got {min(token_ids)}..{max(token_ids)}")
+            raise InvalidInputError("token_ids", f"token ids must lie in [0, {self.vocab_size}), got "
+                                                 f"{min(token_ids)}..{max(token_ids)}")
 
     def _prepare(self, seq_id: int, token_ids: list[int], n_logits: int) -> tuple[_Entry, int]:
         """The sequence's entry cropped to the reusable prefix, and that prefix's length."""

@@ -11,20 +11,28 @@ from dataclasses import dataclass
 
 import torch
 
+from .settings import InvalidInputError, in_range
+
 _MASK64 = (1 << 64) - 1
+MAX_TEMPERATURE = 100
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling parameters.
 
+    The one place of the sampling rules: generate's requests and the step models' inputs are checked here.
+
     Attributes:
-        temperature: >= 0; 0 means greedy (argmax) decoding.
-        top_k: keep the k most probable tokens; 0 disables.
+        temperature: in [0, 100]; 0 means greedy (argmax) decoding.
+        top_k: keep the k most probable tokens, >= 0; 0 disables.
         top_p: keep the smallest set of tokens whose probability mass reaches top_p, in (0, 1]; 1 disables.
         seed: request seed, a non-negative 63-bit integer (``generate`` draws one when the client sends none).
         seeded: True when ``seed`` came from the client. A seeded request must be reproducible whatever else runs, so
             its drafts may depend only on the request itself (suffix decoding then skips the global response tree).
+
+    Raises:
+        InvalidInputError: (construction) a value out of range, naming it (``temperature``, ``top_k``, ``top_p``).
     """
 
     temperature: float = 0.0
@@ -32,6 +40,12 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int = 0
     seeded: bool = True
+
+    def __post_init__(self):
+        in_range("temperature", self.temperature, 0, MAX_TEMPERATURE, " (0 = greedy)")
+        in_range("top_k", self.top_k, 0, None, " (0 = disabled)")
+        if not 0.0 < self.top_p <= 1.0:  # also refuses NaN
+            raise InvalidInputError("top_p", f"must be in (0, 1], got {self.top_p}")
 
     @property
     def is_greedy(self) -> bool:

@@ -29,7 +29,7 @@ from functools import partial
 from pathlib import Path
 
 from .healing import Healer, remove_shm_regions, stub_processes
-from .models import cache_dir, prepare_default_model
+from .model_loading import cache_dir, prepare_default_model
 
 MODELS = ("generate", "spec_step", "score_step", "draft_model", "target_model", "verifier")
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -82,7 +82,7 @@ def prune_vocabulary(draft, vocab):
 
     Args:
         draft: causal LM from :func:`truncated_copy`.
-        vocab: :class:`~spec_decode.models.DraftVocab` over the target's vocabulary.
+        vocab: :class:`~spec_decode.model_loading.DraftVocab` over the target's vocabulary.
 
     Returns:
         The same model, modified in place: ``config.vocab_size = len(vocab) + 1``.
@@ -109,9 +109,9 @@ def choose_vocabulary(seqs: list[list[int]], teacher, size: int, target_vocab_si
     """The ``size`` most frequent target tokens of the training text and of the teacher's argmax predictions.
 
     Returns:
-        :class:`~spec_decode.models.DraftVocab` (sorted ids; ``always`` ids included).
+        :class:`~spec_decode.model_loading.DraftVocab` (sorted ids; ``always`` ids included).
     """
-    from .models import DraftVocab
+    from .draft_vocab import DraftVocab
 
     counts = torch.zeros(target_vocab_size, dtype=torch.float64)
     for ids, (_, idx) in zip(seqs, teacher):
@@ -261,7 +261,13 @@ def main(argv: list[str] | None = None) -> int:
     """Run (or resume) the distillation; writes the draft folder. Returns 0."""
     from tqdm import tqdm
 
-    from .models import default_draft_dir, default_draft_ready, load_causal_lm, load_tokenizer, prepare_default_model
+    from .model_loading import (
+        default_draft_dir,
+        default_draft_ready,
+        load_causal_lm,
+        load_tokenizer,
+        prepare_default_model,
+    )
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--output", type=Path, default=None, help="draft folder (default: the cache's default draft)")

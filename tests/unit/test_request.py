@@ -1,11 +1,12 @@
-"""Request validation: every bad field gets an error naming it."""
+"""spec_decode.request: request validation; every bad field gets an error naming it."""
 
 import numpy as np
 import pytest
 
-from spec_decode.request import InvalidInputError, ServerLimits, parse_request
+from spec_decode.request import GenerationRequest, RequestLimits, parse_request
+from spec_decode.settings import GenerateSettings, InvalidInputError
 
-LIMITS = ServerLimits(methods=("none", "ngram", "suffix", "hybrid"))
+LIMITS = RequestLimits(GenerateSettings(), ("none", "ngram", "suffix", "hybrid"), vocab_size=100)
 
 
 def _req(**kw):
@@ -36,6 +37,11 @@ def test_defaults():
         ({"num_draft_tokens": np.array([99], np.int32)}, "num_draft_tokens"),
         ({"stop_words": np.array([b""], object)}, "stop_words"),
         ({"stop_words": np.array([b"ok", b"\xc3"], object)}, "stop_words"),
+        ({"temperature": np.array([float("nan")], np.float32)}, "temperature"),
+        ({"temperature": np.array([1], np.int32)}, "temperature"),
+        ({"random_seed": np.array([-1], np.int64)}, "random_seed"),
+        ({"end_id": np.array([100], np.int32)}, "end_id"),
+        ({"acceptance_method": np.array([b"maybe"], object)}, "acceptance_method"),
     ],
 )
 def test_bad_fields_are_named(inputs, field):
@@ -57,7 +63,7 @@ def test_missing_required():
 def test_sizes_that_would_stall_the_event_loop_are_refused():
     """A prompt that cannot fit in max_model_len tokens is refused before tokenisation; stop words are bounded."""
     with pytest.raises(InvalidInputError, match="text_input.*at most") as e:
-        parse_request(_req(text_input=np.array([b"w " * (LIMITS.max_model_len * 17)], object)), LIMITS)
+        parse_request(_req(text_input=np.array([b"w " * (LIMITS.settings.max_model_len * 17)], object)), LIMITS)
     assert e.value.field == "text_input"
     with pytest.raises(InvalidInputError, match="at most 64 stop words"):
         parse_request(_req(stop_words=np.array([b"x%d" % i for i in range(65)], object)), LIMITS)
@@ -65,3 +71,16 @@ def test_sizes_that_would_stall_the_event_loop_are_refused():
         parse_request(_req(stop_words=np.array([b"y" * 1025], object)), LIMITS)
     assert len(parse_request(_req(stop_words=np.array([b"z%d" % i for i in range(64)], object)),
                              LIMITS).stop_words) == 64
+
+
+def test_the_server_defaults_come_from_generate_s_settings_and_requests_are_frozen():
+    limits = RequestLimits(GenerateSettings(default_speculative_method="ngram", num_draft_tokens=2), LIMITS.methods)
+    r = parse_request(_req(), limits)
+    assert (r.speculative_method, r.num_draft_tokens, r.acceptance_method) == ("ngram", 2, "")
+    r = parse_request(_req(speculative_method=np.array([b" Suffix "], object),
+                           acceptance_method=np.array([b"TYPICAL"], object)), limits)
+    assert (r.speculative_method, r.acceptance_method) == ("suffix", "typical")
+    with pytest.raises(AttributeError):
+        r.max_tokens = 3  # noqa: B018 - frozen: what was checked cannot change afterwards
+    with pytest.raises(InvalidInputError, match="'top_k'"):
+        GenerationRequest("x", 4, top_k=-1)  # built directly, the same rules apply

@@ -37,7 +37,7 @@ def test_distillation_loss_is_zero_for_the_teacher_itself():
 
 
 def test_tool_runs_end_to_end_loss_falls_and_folder_loads(tiny_draft, real_model_dir):
-    from spec_decode.models import load_causal_lm
+    from spec_decode.model_loading import load_causal_lm
 
     info = json.loads((tiny_draft / "train_draft.json").read_text())
     losses = info["losses"]
@@ -57,9 +57,11 @@ def test_rerun_resumes_from_the_checkpoint(tiny_draft):
 
 
 def test_greedy_output_with_the_trained_draft_equals_the_target(tiny_draft, real_model, real_tokenizer):
+    from spec_decode.draft_vocab import load_draft_vocab
+    from spec_decode.generation import Generation
+    from spec_decode.in_process import LocalStep, run_local
     from spec_decode.kv_cache import CachedCausalLM
-    from spec_decode.loop import Generation, LocalStep, run_local
-    from spec_decode.models import load_causal_lm, load_draft_vocab
+    from spec_decode.model_loading import load_causal_lm
     from spec_decode.proposers import DraftModelProposer
     from spec_decode.request import GenerationRequest
     from spec_decode.sampling import SamplingParams
@@ -76,7 +78,7 @@ def test_greedy_output_with_the_trained_draft_equals_the_target(tiny_draft, real
     ref = ref[: ref.index(eos)] if eos in ref else ref
     proposer = DraftModelProposer(CachedCausalLM(draft), vocab)
     # Sampled proposals: full-vocabulary probabilities, zero outside the kept tokens, drafts among them.
-    prop = proposer.propose(5, ids, 3, SamplingParams(1.0, 0, 1.0, 7), 0)
+    prop = proposer.propose_one(5, ids, 3, SamplingParams(1.0, 0, 1.0, 7), 0)
     assert prop.draft_probs.shape == (3, vocab.target_vocab_size)
     assert torch.allclose(prop.draft_probs.sum(-1), torch.ones(3), atol=1e-4)
     outside = torch.ones(vocab.target_vocab_size, dtype=torch.bool)
@@ -92,7 +94,7 @@ def test_greedy_output_with_the_trained_draft_equals_the_target(tiny_draft, real
 
 
 def test_auto_draft_path_is_the_distilled_draft_only_when_built(tmp_path, monkeypatch):
-    from spec_decode.models import default_draft_dir, resolve_draft_path
+    from spec_decode.model_loading import default_draft_dir, resolve_draft_path
 
     monkeypatch.setenv("SPEC_DECODE_CACHE", str(tmp_path))
     assert resolve_draft_path("auto") is None  # not built: the server serves model-free proposers
@@ -137,8 +139,9 @@ def test_full_vocab_draft_for_assisted_generation_proposes_what_the_served_draft
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     from serving import full_vocab_draft
 
+    from spec_decode.draft_vocab import load_draft_vocab
     from spec_decode.kv_cache import CachedCausalLM
-    from spec_decode.models import load_causal_lm, load_draft_vocab
+    from spec_decode.model_loading import load_causal_lm
     from spec_decode.proposers import DraftModelProposer
     from spec_decode.sampling import SamplingParams
 
@@ -149,7 +152,7 @@ def test_full_vocab_draft_for_assisted_generation_proposes_what_the_served_draft
     served = DraftModelProposer(CachedCausalLM(load_causal_lm(tiny_draft, torch.device("cpu"), torch.float32)), vocab)
     for i, prompt in enumerate(["def add(a, b):\n    return", "for i in range(10):", "import numpy as np\n"]):
         ids = real_tokenizer(prompt)["input_ids"]
-        drafts = served.propose(i, ids, 5, SamplingParams(), 0).draft_token_ids.tolist()
+        drafts = served.propose_one(i, ids, 5, SamplingParams(), 0).draft_token_ids.tolist()
         with torch.inference_mode():
             out = full.generate(torch.tensor([ids]), max_new_tokens=5, min_new_tokens=5, do_sample=False)
         assert out[0, len(ids):].tolist() == drafts

@@ -1,13 +1,17 @@
-"""Proposers: cheap guesses of the next k tokens, behind one protocol (:class:`Proposer`).
+"""Proposers: cheap guesses of the next k tokens, behind one batched contract (:class:`Proposer`) and one registry.
 
-Like transformers' candidate generators and vLLM's ``SpeculativeProposals``: every proposer returns
-``Proposal(draft_token_ids [k'], draft_probs [k', V] or None)`` with k' <= k.
+Like vLLM's ``get_spec_proposals`` and transformers' candidate generators: a proposer takes a round's sequences
+(:class:`ProposalRequest`) and returns one ``Proposal(draft_token_ids [k'], draft_probs [k', V] or None)`` per sequence,
+k' <= k. :mod:`.registry` names the served ones; :mod:`.schedule` holds how k changes from step to step.
 """
 
-from .base import Proposal, Proposer
-from .draft_lm import DraftModelProposer
-from .hybrid import HybridProposer
-from .ngram import NgramProposer
-from .suffix import SuffixProposer
+from .base import Proposal, ProposalRequest, Proposer
+from .draft_lm import DraftLMSettings, DraftModelProposer
+from .hybrid import HybridProposer, HybridSettings
+from .ngram import NgramProposer, NgramSettings
+from .registry import METHODS, NO_SPECULATION, PROPOSERS, build_proposers, k_schedule, offered_methods
+from .suffix import SuffixProposer, SuffixSettings
 
-__all__ = ["Proposal", "Proposer", "DraftModelProposer", "HybridProposer", "NgramProposer", "SuffixProposer"]
+__all__ = ["METHODS", "NO_SPECULATION", "PROPOSERS", "DraftLMSettings", "DraftModelProposer", "HybridProposer",
+           "HybridSettings", "NgramProposer", "NgramSettings", "Proposal", "ProposalRequest", "Proposer",
+           "SuffixProposer", "SuffixSettings", "build_proposers", "k_schedule", "offered_methods"]

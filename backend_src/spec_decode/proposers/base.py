@@ -1,13 +1,21 @@
-"""The proposer protocol shared by the draft LM and the model-free proposers."""
+"""The proposer contract: a round's sequences in, one proposal per sequence out.
+
+Every proposer (draft LM, n-gram, suffix, hybrid; README "Adding a proposer") subclasses :class:`Proposer`. It follows
+vLLM's ``SpeculativeProposer.get_spec_proposals`` (one call per batch of sequences, a proposal per sequence) and
+transformers' candidate generators (``get_candidates`` and ``update_candidate_strategy``: the proposer picks how its
+sequences' k changes from step to step, :meth:`Proposer.k_schedule`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar
 
 import torch
 
 from ..sampling import SamplingParams
+from ..settings import ConfigSettings
+from .schedule import KSchedule, make_schedule
 
 
 @dataclass
@@ -18,24 +26,121 @@ class Proposal:
         draft_token_ids: [k'] int64, k' <= k requested (k' may be 0: nothing to propose).
         draft_probs: [k', V] float32 distributions the drafts were sampled from, or None for proposers without
             probabilities (n-gram, suffix): the verifier then treats q as one-hot.
+        score: the proposer's estimate of how many of the drafts the target will accept (suffix decoding's score,
+            Arctic Inference), or None when it makes none. Hybrid reads it.
     """
 
     draft_token_ids: torch.Tensor
     draft_probs: torch.Tensor | None = None
+    score: float | None = None
 
     @staticmethod
     def empty() -> Proposal:
         """A proposal with no draft tokens."""
         return Proposal(torch.empty(0, dtype=torch.int64), None)
 
+    @staticmethod
+    def of(tokens: list[int], score: float | None = None) -> Proposal:
+        """Drafts without probabilities (model-free proposers): [len(tokens)] int64."""
+        return Proposal(torch.tensor(tokens, dtype=torch.int64), None, score)
 
-class Proposer(Protocol):
-    """Proposes up to k draft tokens given the committed token ids of a sequence."""
 
-    def propose(
-        self, seq_id: int, token_ids: list[int], k: int, params: SamplingParams, step: int
-    ) -> Proposal:  # pragma: no cover - protocol
-        """Return at most ``k`` draft tokens following ``token_ids`` (prompt + committed output)."""
+@dataclass(frozen=True)
+class ProposalRequest:
+    """One sequence's share of a round.
 
-    def release(self, seq_id: int) -> None:  # pragma: no cover - protocol
-        """Free any per-sequence state of ``seq_id``."""
+    Attributes:
+        seq_id: sequence id (uint64), unique per generate request.
+        token_ids: its committed ids (prompt + accepted output), length >= 1.
+        k: the most draft tokens to propose (>= 1; the proposer may return fewer).
+        params: the request's sampling parameters (with its seed).
+        step: the sequence's step counter (0-based); with the seed it keys a sampling proposer's noise.
+    """
+
+    seq_id: int
+    token_ids: list[int]
+    k: int
+    params: SamplingParams
+    step: int
+
+
+class Proposer:
+    """Base class of the proposers: subclass it, give it a ``name`` and register it in :mod:`.registry`.
+
+    Class attributes:
+        name: the ``speculative_method`` clients send (lower case).
+        Settings: its typed config.pbtxt parameters (a frozen :class:`~spec_decode.settings.ConfigSettings`
+            dataclass; its ``PREFIX`` is prepended to every field's name in config.pbtxt).
+        needs_draft_lm: True when it is served only where draft_model has a draft LM (generate's
+            ``draft_model_available``).
+        GAUGES: Prometheus gauges it exports from draft_model (name -> help), values from :meth:`gauges`.
+
+    Subclasses implement :meth:`propose`, and override :meth:`from_config`, :meth:`check`, :meth:`release`,
+    :meth:`gauges` and :meth:`k_schedule` where the defaults do not fit.
+    """
+
+    name: ClassVar[str] = ""
+    Settings: ClassVar[type[ConfigSettings]] = ConfigSettings
+    needs_draft_lm: ClassVar[bool] = False
+    GAUGES: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def from_config(cls, settings, served: dict[str, Proposer]) -> Proposer | None:
+        """Build the proposer draft_model serves from its settings (``cls.Settings.from_params`` of config.pbtxt).
+
+        Args:
+            settings: an instance of ``cls.Settings``.
+            served: name -> the proposers built before this one (registry order), for proposers composed of others
+                (hybrid).
+
+        Returns:
+            The proposer, or None when it cannot be served with these settings (e.g. the draft LM without a model).
+
+        Raises:
+            ValueError: a setting out of range (naming the config parameter).
+        """
+        return cls(settings)
+
+    def propose(self, requests: list[ProposalRequest]) -> list[Proposal]:  # pragma: no cover - abstract
+        """Propose drafts for a round's sequences (distinct seq_ids).
+
+        Returns:
+            one :class:`Proposal` per request, in order, each of at most ``request.k`` tokens.
+
+        Raises:
+            ValueError: an input the proposer cannot take (fails every request of the call; :meth:`check` lets
+                draft_model fail such a request alone beforehand).
+        """
+        raise NotImplementedError
+
+    def propose_one(self, seq_id: int, token_ids: list[int], k: int, params: SamplingParams | None = None,
+                    step: int = 0) -> Proposal:
+        """:meth:`propose` for one sequence (``params`` None = greedy); an empty proposal when ``k`` <= 0 (tests,
+        benchmarks and the in-process transport)."""
+        if k <= 0:
+            return Proposal.empty()
+        return self.propose([ProposalRequest(seq_id, list(token_ids), k, params or SamplingParams(), step)])[0]
+
+    def check(self, request: ProposalRequest) -> None:
+        """Raise ValueError if ``request`` cannot be proposed for (draft_model then fails that request alone)."""
+
+    def release(self, seq_id: int, final_token_ids: list[int] | None = None) -> None:
+        """Free the per-sequence state of ``seq_id`` (idempotent). ``final_token_ids``: its last committed ids, when
+        known (suffix decoding adds the whole response to its cache of responses)."""
+
+    def gauges(self) -> dict[str, float]:
+        """Current values of the gauges named in ``GAUGES``."""
+        return {}
+
+    @classmethod
+    def k_schedule(cls, configured: str, max_k: int) -> KSchedule:
+        """How k changes over a sequence's steps with this proposer (transformers' ``update_candidate_strategy``).
+
+        Args:
+            configured: generate's ``num_draft_tokens_schedule`` ("constant" or "heuristic").
+            max_k: generate's ``max_num_draft_tokens``.
+
+        Returns:
+            By default the configured schedule (:func:`~.schedule.make_schedule`).
+        """
+        return make_schedule(configured, max_k)

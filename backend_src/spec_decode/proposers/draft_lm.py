@@ -2,77 +2,112 @@
 
 Any Hugging Face causal-LM folder with the target's tokenizer. It keeps its own per-sequence KV cache
 (:class:`~spec_decode.kv_cache.CachedCausalLM`) and samples k tokens autoregressively from its distribution after the
-request's sampling transforms, returning those distributions as ``draft_probs`` for rejection sampling.
+request's sampling transforms, returning those distributions as ``draft_probs`` for rejection sampling. A round's
+sequences share each of the k forwards.
 
-A draft with a pruned vocabulary (:class:`~spec_decode.models.DraftVocab`, ``draft_vocab.json`` in its folder; as
-``make draft`` builds it) reads target ids mapped into its vocabulary and proposes only kept tokens; its probabilities
-are scattered back to the target's vocabulary, zero elsewhere, so rejection sampling stays exact.
+A draft with a pruned vocabulary (:class:`~spec_decode.draft_vocab.DraftVocab`, ``draft_vocab.json`` in its folder;
+as ``make draft`` builds it) reads target ids mapped into its vocabulary and proposes only kept tokens; its
+probabilities are scattered back to the target's vocabulary, zero elsewhere, so rejection sampling stays exact.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from ..draft_vocab import DraftVocab, load_draft_vocab
 from ..kv_cache import CachedCausalLM
-from ..sampling import SamplingParams, generator_for, logits_to_probs, sample_from
-from .base import Proposal
+from ..model_loading import load_cached_lm, resolve_draft_path
+from ..sampling import generator_for, logits_to_probs, sample_from
+from ..settings import LMSettings
+from .base import Proposal, ProposalRequest, Proposer
 
 _DRAFT_PURPOSE = 3
 
 
-class DraftModelProposer:
-    """Proposes k tokens from a draft LM.
+@dataclass(frozen=True)
+class DraftLMSettings(LMSettings):
+    """The draft LM's config parameters: ``draft_model_path`` and, as for the target, ``device``, ``dtype``,
+    ``max_sequences``.
+
+    Attributes:
+        draft_model_path: ``auto`` (the draft distilled by ``make draft`` when it exists, else no draft LM), ``""`` or
+            ``none`` (no draft LM: ``speculative_method=draft`` is refused), ``default`` (the embedded target drafting
+            for itself; for tests), or a Hugging Face causal-LM folder sharing the target's tokenizer.
+    """
+
+    draft_model_path: str = "auto"
+
+
+class DraftModelProposer(Proposer):
+    """Proposes k tokens from a draft LM (``speculative_method=draft``).
 
     Args:
         lm: the draft model wrapped with its per-sequence KV cache.
         vocab: the draft's pruned vocabulary, or None when it shares the target's.
     """
 
-    def __init__(self, lm: CachedCausalLM, vocab=None):
+    name = "draft"
+    Settings = DraftLMSettings
+    needs_draft_lm = True
+    GAUGES = {
+        "spec_decode_draft_kv_cache_sequences": "Sequences holding a KV cache in the draft LM",
+        "spec_decode_draft_kv_cache_tokens": "Tokens held in the draft LM's KV caches",
+    }
+
+    def __init__(self, lm: CachedCausalLM, vocab: DraftVocab | None = None):
         self.lm = lm
         self.vocab = vocab
         self._kept_on_device = None  # vocab.token_ids on the draft's device (copied once, not per token)
 
-    def propose(self, seq_id: int, token_ids: list[int], k: int, params: SamplingParams, step: int) -> Proposal:
-        """Sample ``k`` draft tokens (argmax when greedy); noise keyed by (seed, step, position).
+    @classmethod
+    def from_config(cls, settings: DraftLMSettings, served) -> DraftModelProposer | None:
+        """The draft LM of ``draft_model_path`` on the configured device, or None when there is none.
 
-        Returns:
-            Proposal with draft_token_ids [k] int64 and draft_probs [k, V] float32 (on the draft model's device), or an
-            empty proposal for k=0.
+        Raises:
+            FileNotFoundError: a folder that does not exist.
         """
-        return self.propose_batch([(seq_id, token_ids, k, params, step)])[0]
+        path = resolve_draft_path(settings.draft_model_path)
+        if path is None:
+            return None
+        return cls(load_cached_lm(path, settings), load_draft_vocab(path))
 
-    def propose_batch(self, items: list[tuple[int, list[int], int, SamplingParams, int]]) -> list[Proposal]:
-        """:meth:`propose` for several sequences: each of the k draft positions is one batched forward of the draft
-        over the sequences that still need a token (:meth:`CachedCausalLM.logits_batch`).
+    def _draft_ids(self, token_ids: list[int]) -> list[int]:
+        return self.vocab.map_ids(token_ids) if self.vocab is not None else list(token_ids)
 
-        Args:
-            items: (seq_id, token_ids, k, params, step) per sequence; seq_ids distinct.
+    def check(self, request: ProposalRequest) -> None:
+        """Raise InvalidInputError for token ids outside the target's vocabulary (the draft LM's bound)."""
+        self.lm.check(self._draft_ids(request.token_ids), 1)
+
+    def propose(self, requests: list[ProposalRequest]) -> list[Proposal]:
+        """Sample each request's k draft tokens (argmax when greedy; noise keyed by (seed, step, position)): each of
+        the k draft positions is one batched forward over the sequences that still need a token
+        (:meth:`CachedCausalLM.logits_batch`).
 
         Returns:
-            per item, a Proposal as :meth:`propose` returns (the same tokens and probabilities as alone, up to float
-            rounding of the batched forward).
+            per request, draft_token_ids [k] int64 and draft_probs [k, V] float32 on the draft's device (the same as
+            alone, up to float rounding of the batched forward).
 
         Raises:
             ValueError: a token id outside the draft's vocabulary, or a repeated seq_id.
         """
         vocab = self.vocab
-        ids = [vocab.map_ids(t) if vocab is not None else list(t) for _, t, _, _, _ in items]
-        drafts: list[list[int]] = [[] for _ in items]
-        rows: list[list[torch.Tensor]] = [[] for _ in items]
-        for i in range(max((k for _, _, k, _, _ in items), default=0)):
-            active = [j for j, it in enumerate(items) if it[2] > i]
-            logits = self.lm.logits_batch([(items[j][0], ids[j], 1) for j in active])
+        ids = [self._draft_ids(r.token_ids) for r in requests]
+        drafts: list[list[int]] = [[] for _ in requests]
+        rows: list[list[torch.Tensor]] = [[] for _ in requests]
+        for i in range(max((r.k for r in requests), default=0)):
+            active = [j for j, r in enumerate(requests) if r.k > i]
+            logits = self.lm.logits_batch([(requests[j].seq_id, ids[j], 1) for j in active])
             for j, lg in zip(active, logits):
-                _, _, _, params, step = items[j]
-                lg = lg[0]
+                params, lg = requests[j].params, lg[0]
                 if vocab is not None:
                     lg = lg[: vocab.unk_index]  # never propose the "outside the set" row
                 probs = logits_to_probs(lg, params)
                 if params.is_greedy:
                     tok = int(torch.argmax(probs))
                 else:
-                    tok = sample_from(probs, generator_for(params.seed, step, _DRAFT_PURPOSE, i))
+                    tok = sample_from(probs, generator_for(params.seed, requests[j].step, _DRAFT_PURPOSE, i))
                 ids[j].append(tok)
                 if vocab is not None:
                     if self._kept_on_device is None or self._kept_on_device.device != probs.device:
@@ -85,6 +120,11 @@ class DraftModelProposer:
         return [Proposal(torch.tensor(d, dtype=torch.int64), torch.stack(r)) if d else Proposal.empty()
                 for d, r in zip(drafts, rows)]
 
-    def release(self, seq_id: int) -> None:
+    def release(self, seq_id: int, final_token_ids: list[int] | None = None) -> None:
         """Free the draft KV cache of ``seq_id``."""
         self.lm.release(seq_id)
+
+    def gauges(self) -> dict[str, float]:
+        """The draft LM's KV caches: sequences and tokens held."""
+        return {"spec_decode_draft_kv_cache_sequences": len(self.lm),
+                "spec_decode_draft_kv_cache_tokens": self.lm.cached_tokens()}

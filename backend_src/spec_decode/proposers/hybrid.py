@@ -1,41 +1,79 @@
-"""Hybrid proposer (Arctic Inference): the suffix draft when its score reaches k, otherwise a model-based proposal.
+"""Hybrid proposer (Arctic Inference): the suffix draft when its score reaches k, otherwise another proposer's.
 
 The score of a suffix draft is the expected number of accepted tokens (sum of its running probabilities), so score >= k
 means suffix matching expects to fill all k draft slots; otherwise the fallback proposer (the draft LM, or n-gram prompt
-lookup where no draft model is configured) drafts this step. The request's suffix trie is updated every step either way.
+lookup where no draft model is configured) drafts this step. Both are composed through the proposer contract: one
+suffix call for the round's sequences, then one fallback call for those whose score fell short. The request's suffix
+tree is updated every step either way.
 """
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
 
-from ..sampling import SamplingParams
-from .base import Proposal, Proposer
-from .suffix import SuffixProposer
+from ..settings import ConfigSettings
+from .base import Proposal, ProposalRequest, Proposer
+
+FALLBACKS = ("ngram", "draft", "auto")
 
 
-class HybridProposer:
-    """Suffix decoding with a fallback proposer.
+@dataclass(frozen=True)
+class HybridSettings(ConfigSettings):
+    """Config parameter ``hybrid_fallback``: the proposer used when the suffix score is below k: ``ngram``,
+    ``draft`` (needs a draft LM) or ``auto`` (the draft LM when there is one, else ``ngram``)."""
+
+    PREFIX = "hybrid_"
+    fallback: str = "ngram"
+
+    def check(self) -> None:
+        self._choice("fallback", FALLBACKS)
+
+
+class HybridProposer(Proposer):
+    """Suffix decoding with a fallback proposer (``speculative_method=hybrid``).
 
     Args:
-        suffix: the suffix-decoding proposer (shared with speculative_method=suffix).
-        fallback: the proposer used when the suffix score is below k.
+        suffix: a proposer whose proposals carry a score (the suffix proposer, shared with
+            ``speculative_method=suffix``).
+        fallback: the proposer used when the score is below k.
     """
 
-    def __init__(self, suffix: SuffixProposer, fallback: Proposer):
+    name = "hybrid"
+    Settings = HybridSettings
+
+    def __init__(self, suffix: Proposer, fallback: Proposer):
         self.suffix = suffix
         self.fallback = fallback
 
-    def propose(self, seq_id: int, token_ids: list[int], k: int, params: SamplingParams, step: int) -> Proposal:
-        """The suffix draft if its score >= k, else the fallback's proposal."""
-        if k <= 0:
-            return Proposal.empty()
-        draft = self.suffix.speculate(seq_id, token_ids, k, self.suffix.uses_global_tree(params))
-        if draft.score >= k:
-            return Proposal(torch.tensor(draft.token_ids, dtype=torch.int64), None)
-        return self.fallback.propose(seq_id, token_ids, k, params, step)
+    @classmethod
+    def from_config(cls, settings: HybridSettings, served) -> HybridProposer:
+        """Hybrid over the served ``suffix`` proposer and the configured fallback.
 
-    def release(self, seq_id: int) -> None:
-        """Free both proposers' state of ``seq_id`` (the suffix response joins the global trie)."""
-        self.suffix.release(seq_id)
-        self.fallback.release(seq_id)
+        Raises:
+            ValueError: ``hybrid_fallback=draft`` without a draft LM.
+        """
+        fallback = settings.fallback
+        if fallback == "auto":
+            fallback = "draft" if "draft" in served else "ngram"
+        if fallback not in served:
+            raise ValueError(f"config parameter 'hybrid_fallback': {fallback!r} is not served here (draft needs a "
+                             f"draft LM: draft_model_path)")
+        return cls(served["suffix"], served[fallback])
+
+    def check(self, request: ProposalRequest) -> None:
+        """The fallback's check (the suffix proposer takes any ids)."""
+        self.fallback.check(request)
+
+    def propose(self, requests: list[ProposalRequest]) -> list[Proposal]:
+        """Per request, the suffix draft if its score >= k, else the fallback's proposal."""
+        out = self.suffix.propose(requests)
+        short = [i for i, (r, p) in enumerate(zip(requests, out)) if (p.score or 0.0) < r.k]
+        if short:
+            for i, p in zip(short, self.fallback.propose([requests[i] for i in short])):
+                out[i] = p
+        return out
+
+    def release(self, seq_id: int, final_token_ids: list[int] | None = None) -> None:
+        """Free both proposers' state of ``seq_id`` (the suffix response joins the global tree)."""
+        self.suffix.release(seq_id, final_token_ids)
+        self.fallback.release(seq_id, final_token_ids)

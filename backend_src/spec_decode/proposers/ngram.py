@@ -1,43 +1,58 @@
 """n-gram prompt lookup (Saxena 2023, "Prompt Lookup Decoding"; vLLM ``NGramWorker``).
 
-Match the last n tokens of the sequence (n from ``max_n`` down to ``min_n``) against earlier positions of the same
-sequence and propose the k tokens that followed the most recent match. No draft probabilities; stateless, so there is
-nothing to cache or free per sequence.
+Match the last n tokens of the sequence (n from ``ngram_max`` down to ``ngram_min``) against earlier positions of the
+same sequence and propose the k tokens that followed the most recent match. No draft probabilities; stateless, so there
+is nothing to cache or free per sequence.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
-from ..sampling import SamplingParams
-from .base import Proposal
+from ..settings import ConfigSettings, InvalidInputError, in_range
+from .base import Proposal, ProposalRequest, Proposer
 
 
-class NgramProposer:
-    """Prompt-lookup proposer.
+@dataclass(frozen=True)
+class NgramSettings(ConfigSettings):
+    """Config parameters ``ngram_min`` and ``ngram_max``: the n-gram lengths matched, 1 <= min <= max."""
+
+    PREFIX = "ngram_"
+    min: int = 1
+    max: int = 4
+
+    def check(self) -> None:
+        in_range("min", self.min, 1)
+        if self.max < self.min:
+            raise InvalidInputError("max", f"must be >= ngram_min={self.min}, got {self.max}")
+
+
+class NgramProposer(Proposer):
+    """Prompt-lookup proposer (``speculative_method=ngram``).
 
     Args:
-        min_n: shortest n-gram to match (>= 1).
-        max_n: longest n-gram to match (>= min_n).
-
-    Raises:
-        ValueError: invalid n range.
+        settings: the n-gram lengths (default 1..4).
     """
 
-    def __init__(self, min_n: int = 1, max_n: int = 4):
-        if not 1 <= min_n <= max_n:
-            raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
-        self.min_n, self.max_n = min_n, max_n
+    name = "ngram"
+    Settings = NgramSettings
 
-    def propose(self, seq_id: int, token_ids: list[int], k: int, params: SamplingParams, step: int) -> Proposal:
-        """Propose up to ``k`` tokens copied from after the most recent earlier match of the sequence's tail.
+    def __init__(self, settings: NgramSettings | None = None):
+        settings = settings or NgramSettings()
+        self.min_n, self.max_n = settings.min, settings.max
 
-        Returns a :class:`Proposal` with ``draft_probs=None`` (k' may be below k near the end of the sequence, or 0).
-        """
+    def propose(self, requests: list[ProposalRequest]) -> list[Proposal]:
+        """Per request, up to ``k`` tokens copied from after the most recent earlier match of the sequence's tail
+        (k' may be below k near the end of the sequence, or 0), without draft probabilities."""
+        return [self._one(r.token_ids, r.k) for r in requests]
+
+    def _one(self, token_ids: list[int], k: int) -> Proposal:
         ids = np.asarray(token_ids, dtype=np.int64)
         n_tok = len(ids)
-        if k <= 0 or n_tok < 2:
+        if n_tok < 2:
             return Proposal.empty()
         for n in range(min(self.max_n, n_tok - 1), self.min_n - 1, -1):
             tail = ids[n_tok - n :]
@@ -50,6 +65,3 @@ class NgramProposer:
                 if len(draft):
                     return Proposal(torch.from_numpy(draft.copy()), None)
         return Proposal.empty()
-
-    def release(self, seq_id: int) -> None:
-        """Stateless: nothing to free."""

@@ -35,21 +35,6 @@ def model_parameters(args: dict) -> dict[str, str]:
     return params
 
 
-def config_param(params: dict[str, str], name: str, default):
-    """A config.pbtxt parameter converted to the type of ``default`` (``default`` when absent or empty).
-
-    Raises:
-        ValueError: naming the parameter when its value does not convert.
-    """
-    value = str(params.get(name, "")).strip()
-    if not value:
-        return default
-    try:
-        return type(default)(value)
-    except ValueError:
-        raise ValueError(f"config parameter {name!r}: expected {type(default).__name__}, got {value!r}") from None
-
-
 PAD_ID = -1  # pads rows of token-id tensors (never a token id)
 
 

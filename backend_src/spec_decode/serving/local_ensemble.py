@@ -1,7 +1,7 @@
 """The ``spec_step`` ensemble in one process: the three step models' backends called as Triton calls them.
 
-:class:`LocalEnsemble` runs a round of steps (one per sequence) through :class:`~.step_models.DraftBackend`,
-:class:`~.step_models.TargetBackend` and :class:`~.step_models.VerifierBackend` with the tensors laid out as they
+:class:`LocalEnsemble` runs a round of steps (one per sequence) through :class:`~.draft_model.DraftBackend`,
+:class:`~.target_model.TargetBackend` and :class:`~.verifier_model.VerifierBackend` with the tensors laid out as they
 cross the real ensemble: generate's request stacks the round's rows and pads them with -1
 (:func:`~.adapter.stack_rows`), each model gets one inputs dict per row (as :func:`~.adapter.read_rows` gives it),
 draft_model and target_model serve the round through ``run_batch`` (one batched forward each), the verifier in one
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..loop import StepInputs, StepResult
+from ..protocol import StepInputs, StepResult
 from .adapter import stack_rows, strip_padding
 
 
@@ -42,9 +42,9 @@ class LocalEnsemble:
     """draft_model -> target_model -> verifier for a round of sequences, in this process.
 
     Args:
-        draft: a :class:`~.step_models.DraftBackend`.
-        target: a :class:`~.step_models.TargetBackend`.
-        verifier: a :class:`~.step_models.VerifierBackend`.
+        draft: a :class:`~.draft_model.DraftBackend`.
+        target: a :class:`~.target_model.TargetBackend`.
+        verifier: a :class:`~.verifier_model.VerifierBackend`.
     """
 
     def __init__(self, draft, target, verifier):
@@ -64,7 +64,7 @@ class LocalEnsemble:
 
     def _run(self, inps: list[StepInputs], release: bool) -> list[dict]:
         rows = self._rows(inps, release)
-        if release or any(i.num_draft_tokens > 0 and i.method != "none" for i in inps):
+        if release or any(i.drafts for i in inps):
             drafted = _raise_first(self.draft.run_batch(rows))
             draft_ids, draft_probs = _stack(drafted, "draft_token_ids"), _stack(drafted, "draft_probs")
         else:  # score_step: no draft_model hop

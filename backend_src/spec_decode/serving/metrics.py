@@ -7,8 +7,8 @@ Every model process exports its own metrics (names are unique per model, so no t
   stop trims is not counted), finished requests by ``finish_reason``, and gauges derived from the counters since the
   server started: acceptance rate (accepted / draft tokens), system efficiency (emitted tokens / the most the steps
   could emit, sum of k + 1), mean accepted length (emitted tokens per step: accepted drafts + 1); running sequences.
-- ``draft_model``: time spent proposing (per method), the draft LM's KV-cache sequences and tokens, the suffix cache's
-  active requests, cached responses and cached tokens.
+- ``draft_model``: time spent proposing (per method), and the gauges each proposer declares (its ``GAUGES``: the draft
+  LM's KV-cache sequences and tokens, the suffix cache's active requests, cached responses and cached tokens).
 - ``target_model``: time spent scoring, the target's KV-cache sequences and tokens.
 - ``verifier``: time spent verifying.
 
@@ -42,11 +42,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "spec_decode_running_sequences": (GAUGE, "generate requests being generated"),
     # draft_model
     "spec_decode_propose_seconds_total": (COUNTER, "Time draft_model spent proposing (seconds), by method"),
-    "spec_decode_draft_kv_cache_sequences": (GAUGE, "Sequences holding a KV cache in the draft LM"),
-    "spec_decode_draft_kv_cache_tokens": (GAUGE, "Tokens held in the draft LM's KV caches"),
-    "spec_decode_suffix_active_requests": (GAUGE, "Requests with a suffix tree of their own (suffix, hybrid)"),
-    "spec_decode_suffix_cached_responses": (GAUGE, "Responses in the suffix decoding global tree"),
-    "spec_decode_suffix_cached_tokens": (GAUGE, "Tokens in the suffix decoding global tree"),
+    # (and the proposers' gauges: Proposer.GAUGES, declared by draft_model)
     # target_model
     "spec_decode_score_seconds_total": (COUNTER, "Time target_model spent scoring (seconds)"),
     "spec_decode_target_kv_cache_sequences": (GAUGE, "Sequences holding a KV cache in the target"),
@@ -71,11 +67,12 @@ class Metrics:
         export_interval_s: seconds between exports while values keep changing (>= 0; 0 exports every write).
 
     Raises:
-        KeyError: (methods) a metric name not in :data:`METRICS`.
+        KeyError: (methods) a metric name neither in :data:`METRICS` nor declared (:meth:`declare`).
         ValueError: (``add``) a negative increment of a counter.
     """
 
     def __init__(self, pb_utils=None, export_interval_s: float = 0.5):
+        self.known: dict[str, tuple[str, str]] = dict(METRICS)  # name -> (kind, help)
         self.values: dict[tuple, float] = {}  # (name, sorted label items) -> value
         self._pb = pb_utils if pb_utils is not None and hasattr(pb_utils, "MetricFamily") else None
         self._families: dict[str, object] = {}  # kept alive: Triton drops a family when its object is deleted
@@ -86,15 +83,20 @@ class Metrics:
         self._last_export = 0.0
         self.exports = 0  # round trips to Triton so far (for tests)
 
+    def declare(self, gauges: dict[str, str]) -> None:
+        """Add gauges (name -> help) beside :data:`METRICS` (a proposer's ``GAUGES``)."""
+        for name, description in gauges.items():
+            self.known[name] = (GAUGE, description)
+
     def _key(self, name: str, labels: dict[str, str]) -> tuple[str, tuple]:
-        kind, _ = METRICS[name]
+        kind, _ = self.known[name]
         return kind, (name, tuple(sorted(labels.items())))
 
     def _triton_metric(self, key: tuple):
         metric = self._metrics.get(key)
         if metric is None:
             name, labels = key
-            kind, description = METRICS[name]
+            kind, description = self.known[name]
             family = self._families.get(name)
             if family is None:
                 mf = self._pb.MetricFamily
@@ -135,7 +137,7 @@ class Metrics:
             if value == before:
                 continue
             metric = self._triton_metric(key)
-            if METRICS[key[0]][0] == COUNTER:
+            if self.known[key[0]][0] == COUNTER:
                 metric.increment(value - (before or 0.0))
             else:
                 metric.set(value)
@@ -146,7 +148,7 @@ class Metrics:
 
     def get(self, name: str, **labels: str) -> float:
         """The current value (0 when never written)."""
-        METRICS[name]  # noqa: B018 - unknown names are an error
+        self.known[name]  # noqa: B018 - unknown names are an error
         return self.values.get((name, tuple(sorted(labels.items()))), 0.0)
 
     def record_step(self, method: str, num_draft_tokens: int, before: tuple[int, int, int, int], after) -> None:
@@ -155,7 +157,7 @@ class Metrics:
         Args:
             method: the request's speculative_method (label).
             num_draft_tokens: k asked of this step (the step could emit k + 1 tokens).
-            before: (steps, draft, accepted, emitted) of the request's :class:`~spec_decode.loop.GenerationStats`
+            before: (steps, draft, accepted, emitted) of the request's :class:`~spec_decode.generation.GenerationStats`
                 before the step was committed.
             after: the stats object after the commit.
         """
@@ -174,6 +176,6 @@ class Metrics:
 
 
 def stats_tuple(stats) -> tuple[int, int, int, int]:
-    """(steps, draft, accepted, emitted) of a :class:`~spec_decode.loop.GenerationStats`
+    """(steps, draft, accepted, emitted) of a :class:`~spec_decode.generation.GenerationStats`
     (for :meth:`Metrics.record_step`)."""
     return stats.steps, stats.draft_tokens, stats.accepted_tokens, stats.emitted_tokens

@@ -1,10 +1,12 @@
 """The verifier: accepts a prefix of the draft tokens (rejection sampling, lossless; typical acceptance, approximate).
 
-Public API (:mod:`spec_decode.verifier.rejection`): ``rejection_sample`` and ``typical_acceptance_sample``. CUDA tensors
-run the Triton kernels of :mod:`spec_decode.verifier.kernels`; CPU tensors the torch maths of
-:mod:`spec_decode.verifier.torch_impl`.
+Public API: :func:`rejection_sample` and :func:`typical_acceptance_sample` (:mod:`.rejection`), and :class:`Verifier`
+(:mod:`.verifier`), which verifies a round of sequences with the configured acceptance method in one sampler call per
+kind of row. CUDA tensors run the Triton kernels of :mod:`.kernels`; CPU tensors the torch maths of
+:mod:`.torch_impl`.
 """
 
-from .rejection import check_typical_parameters, rejection_sample, typical_acceptance_sample, validate_inputs
+from .rejection import rejection_sample, typical_acceptance_sample, validate_inputs
+from .verifier import Verifier, VerifierRow
 
-__all__ = ["check_typical_parameters", "rejection_sample", "typical_acceptance_sample", "validate_inputs"]
+__all__ = ["Verifier", "VerifierRow", "rejection_sample", "typical_acceptance_sample", "validate_inputs"]

@@ -11,17 +11,16 @@ it is faster and NOT lossless.
 
 from __future__ import annotations
 
-import math
 import os
 
 import torch
 
 from ..sampling import generator_for
+from ..settings import VERIFIER_BACKENDS, check_typical_parameters, one_of
 from .torch_impl import _first_rejection, rejection_torch, typical_torch
 
 _UNIFORM, _RACE = 1, 2  # noise purposes mixed into a seeded row's generator seed
 MAX_K = 65535  # the most drafts per row: the kernels draw the race's noise from Philox offsets 2^16 and up
-_F32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def validate_inputs(
@@ -70,8 +69,7 @@ def validate_inputs(
 
 
 def _resolve_backend(backend: str, device: torch.device) -> str:
-    if backend not in ("auto", "triton", "torch"):
-        raise ValueError(f"backend={backend!r}: allowed values are 'auto', 'triton', 'torch'")
+    backend = one_of("backend", backend, VERIFIER_BACKENDS)
     if backend == "auto":
         return "triton" if device.type == "cuda" else "torch"
     if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -81,21 +79,6 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
 
 def _describe(x) -> str:
     return f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
-
-
-def check_typical_parameters(posterior_threshold: float, posterior_alpha: float,
-                             names: tuple[str, str] = ("posterior_threshold", "posterior_alpha")) -> None:
-    """Typical acceptance's epsilon and delta: finite numbers in [0, 3.4e38] (they are used as float32 values).
-
-    Args:
-        posterior_threshold, posterior_alpha: the values to check. names: how the error names them.
-
-    Raises:
-        ValueError: naming the parameter and the allowed range (negative, NaN, infinite or beyond float32).
-    """
-    for name, x in zip(names, (posterior_threshold, posterior_alpha)):
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or not 0 <= x <= _F32_MAX:
-            raise ValueError(f"{name}={x!r}: allowed values are finite numbers in [0, {_F32_MAX:.3g}]")
 
 
 def _row_flags(b: int, seeds, is_greedy, device) -> tuple[torch.Tensor, torch.Tensor]:

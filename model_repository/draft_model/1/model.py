@@ -1,11 +1,11 @@
 """Triton adapter of the draft_model model: tensors in and out, logic in
-spec_decode.serving.step_models.DraftBackend."""
+spec_decode.serving.draft_model.DraftBackend."""
 
 import triton_python_backend_utils as pb_utils
 
 from spec_decode.serving.adapter import execute, model_parameters
+from spec_decode.serving.draft_model import DraftBackend
 from spec_decode.serving.metrics import Metrics
-from spec_decode.serving.step_models import DraftBackend
 
 
 class TritonPythonModel:

@@ -1,11 +1,11 @@
 """Triton adapter of the verifier model: tensors in and out, logic in
-spec_decode.serving.step_models.VerifierBackend."""
+spec_decode.serving.verifier_model.VerifierBackend."""
 
 import triton_python_backend_utils as pb_utils
 
 from spec_decode.serving.adapter import execute, model_parameters
 from spec_decode.serving.metrics import Metrics
-from spec_decode.serving.step_models import VerifierBackend
+from spec_decode.serving.verifier_model import VerifierBackend
 
 
 class TritonPythonModel:

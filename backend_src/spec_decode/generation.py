@@ -1,9 +1,10 @@
-"""The generation loop: one speculative step at a time until a stop condition, with per-step streaming chunks.
+"""One request's generation: a state machine that asks for steps and applies their tokens, with no I/O.
 
-One loop, two transports (README, "How it works"): :class:`Generation` is a small state machine with no I/O. A driver
-asks it for the next step's inputs (:meth:`Generation.next_step`), runs the step (in process with :class:`LocalStep`,
-or over Triton by BLS to the ``spec_step`` ensemble in ``generate``'s ``model.py``), and hands the step's tokens back
-(:meth:`Generation.commit`), which applies the stop conditions and returns the text and ids to stream.
+One loop, two transports (README, "How it works"): a driver asks :class:`Generation` for the next step's inputs
+(:meth:`Generation.next_step`), runs the step (in process: :mod:`spec_decode.in_process`; over Triton by BLS to the
+``spec_step`` ensemble: :mod:`spec_decode.serving.generate`), and hands the step's tokens back
+(:meth:`Generation.commit`), which applies the stop conditions, moves k by the method's schedule and returns the text
+and ids to stream.
 
 Stops: EOS (the tokenizer's and the model's generation config) or ``end_id`` (not emitted), a stop word (text is cut
 before it; the token that completed it is the last id emitted, as in vLLM), ``max_tokens`` (exactly), and
@@ -16,46 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .detokenizer import IncrementalDetokenizer
+from .proposers.registry import NO_SPECULATION
+from .proposers.schedule import ConstantK, KSchedule
+from .protocol import StepInputs, StepResult
 from .request import GenerationRequest
 from .sampling import SamplingParams
-
-
-@dataclass
-class StepInputs:
-    """What one speculative step needs (the spec_step protocol: README, "How it works").
-
-    Attributes:
-        seq_id: sequence id (uint64), unique per request.
-        token_ids: committed ids (prompt + accepted output).
-        num_draft_tokens: k for this step (0 = plain decoding), already clamped by max_tokens and max_model_len.
-        method: speculative method (none, draft, ngram).
-        params: sampling parameters (with the request seed).
-        step: step counter (0-based), mixed into the noise seed.
-        acceptance_method: "rejection", "typical", or "" for the verifier's default.
-    """
-
-    seq_id: int
-    token_ids: list[int]
-    num_draft_tokens: int
-    method: str
-    params: SamplingParams
-    step: int
-    acceptance_method: str = ""
-
-
-@dataclass
-class StepResult:
-    """What one speculative step returns.
-
-    Attributes:
-        output_ids: 1..k+1 token ids: accepted drafts then the recovered or bonus token.
-        num_draft_tokens: how many draft tokens the proposer actually proposed (k' <= k).
-        log_probs: target log-probability of each output id (same length), or None.
-    """
-
-    output_ids: list[int]
-    num_draft_tokens: int
-    log_probs: list[float] | None = None
+from .settings import InvalidInputError
 
 
 @dataclass
@@ -87,11 +54,6 @@ class GenerationStats:
     emitted_tokens: int = 0
 
     @property
-    def acceptance_rate(self) -> float:
-        """accepted / draft tokens (0 when nothing was drafted)."""
-        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
-
-    @property
     def mean_tokens_per_step(self) -> float:
         """emitted tokens / steps."""
         return self.emitted_tokens / self.steps if self.steps else 0.0
@@ -109,23 +71,21 @@ class Generation:
             token) when ``request.ignore_eos``.
         max_model_len: prompt + output must fit.
         seed: the request seed (``request.random_seed`` or one drawn by the caller).
-        adaptive_max_num_draft_tokens: 0 (default) keeps k = ``request.num_draft_tokens`` every step; > 0 adapts k
-            to recent acceptance as transformers' assisted generation does (``num_assistant_tokens_schedule=
-            "heuristic"``): k += 2 (up to this bound) after a step whose drafts were all accepted, k -= 1 (down to 1)
-            after a step that rejected one. Steps where the proposer found fewer than k tokens leave k unchanged.
+        schedule: how k moves from step to step, starting at ``request.num_draft_tokens`` (the method's
+            :func:`~spec_decode.proposers.k_schedule`; default: constant).
 
     Raises:
-        ValueError: the prompt does not leave room for one output token within ``max_model_len``.
+        InvalidInputError: (field ``text_input``) a prompt of no tokens, or one that leaves no room for an output token
+            within ``max_model_len``.
     """
 
     def __init__(self, seq_id, prompt_ids, request: GenerationRequest, tokenizer, eos_token_ids, max_model_len, seed,
-                 adaptive_max_num_draft_tokens: int = 0):
+                 schedule: KSchedule | None = None):
         if len(prompt_ids) < 1:
-            raise ValueError("prompt must contain at least one token")
+            raise InvalidInputError("text_input", "the prompt must contain at least one token")
         if len(prompt_ids) >= max_model_len:
-            raise ValueError(
-                f"prompt is {len(prompt_ids)} tokens; max_model_len is {max_model_len} (prompt + output)"
-            )
+            raise InvalidInputError("text_input", f"prompt is {len(prompt_ids)} tokens; must be below "
+                                                  f"max_model_len={max_model_len} (prompt + output)")
         self.seq_id = seq_id
         self.request = request
         self.token_ids = list(prompt_ids)
@@ -143,8 +103,8 @@ class Generation:
         self.finished = False
         self.finish_reason: str | None = None
         self.cum_log_prob = 0.0
-        self.adaptive_max_k = int(adaptive_max_num_draft_tokens)
-        self.k = request.num_draft_tokens  # k of the next step (changes only when adaptive)
+        self.schedule = schedule or ConstantK()
+        self.k = request.num_draft_tokens  # k of the next step (the schedule moves it)
 
     @property
     def output_ids(self) -> list[int]:
@@ -160,7 +120,7 @@ class Generation:
         """
         req = self.request
         room = self.max_model_len - len(self.token_ids)
-        k = 0 if req.speculative_method == "none" else max(0, min(self.k, room - 1))
+        k = 0 if req.speculative_method == NO_SPECULATION else max(0, min(self.k, room - 1))
         return StepInputs(self.seq_id, list(self.token_ids), k, req.speculative_method, self.params, self.stats.steps,
                           req.acceptance_method)
 
@@ -188,11 +148,7 @@ class Generation:
         self.stats.steps += 1
         self.stats.draft_tokens += result.num_draft_tokens
         accepted_in_step = len(result.output_ids) - 1
-        if self.adaptive_max_k > 0 and result.num_draft_tokens >= self.k > 0:
-            if accepted_in_step >= result.num_draft_tokens:
-                self.k = min(self.k + 2, self.adaptive_max_k)
-            else:
-                self.k = max(1, self.k - 1)
+        self.k = self.schedule.update(self.k, result.num_draft_tokens, accepted_in_step)
         new_ids: list[int] = []
         new_lps: list[float] = []
         stop_at: int | None = None  # cut ``text`` here (stop word)
@@ -238,53 +194,4 @@ class Generation:
         return Chunk("", [], [], True, "cancelled")
 
 
-def speculation_disabled(running: int, disable_by_batch_size: int) -> bool:
-    """vLLM's ``disable_by_batch_size``: with this many running sequences or more, steps run without speculation
-    (k = 0).
-
-    Speculation trades throughput for latency and loses at high load. ``disable_by_batch_size`` <= 0 never disables.
-    """
-    return 0 < disable_by_batch_size <= running
-
-
-class LocalStep:
-    """The in-process transport: proposer, scorer and verifier objects called directly (tests and benchmarks).
-
-    Args:
-        proposers: method name -> proposer (``none`` needs no entry).
-        scorer: the :class:`~spec_decode.scorer.TargetScorer`.
-        verifier: a :class:`~spec_decode.step.Verifier` (default: rejection sampling).
-    """
-
-    def __init__(self, proposers, scorer, verifier=None):
-        from .step import Verifier
-
-        self.proposers = dict(proposers)
-        self.scorer = scorer
-        self.verifier = verifier or Verifier()
-
-    def __call__(self, inp: StepInputs) -> StepResult:
-        """Run draft -> target -> verifier for one sequence."""
-        from .step import run_step
-
-        return run_step(inp, self.proposers, self.scorer, self.verifier)
-
-    def release(self, seq_id: int) -> None:
-        """Free every per-sequence cache of ``seq_id``."""
-        for p in self.proposers.values():
-            p.release(seq_id)
-        self.scorer.release(seq_id)
-
-
-def run_local(gen: Generation, step) -> list[Chunk]:
-    """Drive ``gen`` to completion with a synchronous step callable; returns every chunk. Releases caches at the end."""
-    chunks = []
-    try:
-        while not gen.finished:
-            chunks.append(gen.commit(step(gen.next_step())))
-    finally:
-        step.release(gen.seq_id)
-    return chunks
-
-
-__all__ = ["Generation", "GenerationStats", "StepInputs", "StepResult", "Chunk", "LocalStep", "run_local"]
+__all__ = ["Chunk", "Generation", "GenerationStats"]

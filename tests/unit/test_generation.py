@@ -1,9 +1,13 @@
-"""The generation loop's stop conditions inside an accepted run, streaming text, and statistics (real tokenizer)."""
+"""spec_decode.generation: stop conditions inside an accepted run, streaming text, statistics, k from step to step
+(real tokenizer)."""
 
 import pytest
 
-from spec_decode.loop import Generation, StepResult, speculation_disabled
+from spec_decode.generation import Generation
+from spec_decode.proposers.schedule import HeuristicK
+from spec_decode.protocol import StepResult
 from spec_decode.request import GenerationRequest
+from spec_decode.settings import InvalidInputError
 
 
 def _gen(tok, text_ids, **kw):
@@ -75,16 +79,11 @@ def test_utf8_never_broken_across_chunks(real_tokenizer):
     assert "".join(c.text for c in chunks) == real_tokenizer.decode(ids)
 
 
-def test_disable_by_batch_size():
-    assert not speculation_disabled(running=7, disable_by_batch_size=8)
-    assert speculation_disabled(running=8, disable_by_batch_size=8)
-    assert not speculation_disabled(running=100, disable_by_batch_size=0)
-
-
 def test_prompt_too_long_raises(real_tokenizer):
     req = GenerationRequest("p", 4)
-    with pytest.raises(ValueError, match="max_model_len"):
+    with pytest.raises(InvalidInputError, match="max_model_len") as e:
         Generation(1, list(range(10)), req, real_tokenizer, [], 10, 0)
+    assert e.value.field == "text_input"
 
 
 def test_next_step_clamps_k_to_max_model_len_not_max_tokens(real_tokenizer):
@@ -101,7 +100,7 @@ def test_heuristic_k_schedule_follows_acceptance(real_tokenizer):
     steps that drafted fewer than k tokens leave k alone; the constant schedule never changes k."""
     prompt = real_tokenizer("hello")["input_ids"]
     req = GenerationRequest("p", 100, speculative_method="ngram", num_draft_tokens=4)
-    gen = Generation(1, prompt, req, real_tokenizer, [], 2048, 0, adaptive_max_num_draft_tokens=8)
+    gen = Generation(1, prompt, req, real_tokenizer, [], 2048, 0, HeuristicK(8))
     ks = []
     for accepted, drafted in [(4, 4), (6, 6), (8, 8), (2, 8), (0, 7), (0, 0), (1, 2)]:
         k = gen.next_step().num_draft_tokens

@@ -1,4 +1,4 @@
-"""Repository overrides used by the launcher (config.pbtxt parameters)."""
+"""spec_decode.server: the repository overrides the launcher writes (config.pbtxt parameters)."""
 
 import pytest
 
@@ -15,13 +15,3 @@ def test_prepare_repository_overrides_parameters():
 def test_unknown_parameter_is_an_error():
     with pytest.raises(KeyError, match="no_such_key"):
         prepare_repository({"draft_model": {"no_such_key": "1"}})
-
-
-def test_config_param_converts_and_names_bad_values():
-    from spec_decode.serving.adapter import config_param
-
-    params = {"k": "6", "eps": "0.5", "empty": " ", "bad": "x"}
-    assert config_param(params, "k", 4) == 6 and config_param(params, "eps", 0.09) == 0.5
-    assert config_param(params, "empty", 3) == 3 and config_param(params, "missing", 1.5) == 1.5
-    with pytest.raises(ValueError, match="'bad'"):
-        config_param(params, "bad", 2)

@@ -1,17 +1,11 @@
-"""Suffix decoding: the trie's counts, probabilities and chosen match equal a brute-force reference; eviction bounds."""
+"""spec_decode.proposers.suffix.tree (and Arctic's C++ tree): counts, probabilities and the chosen match equal a
+brute-force reference."""
 
 import random
 
 import pytest
 
-from spec_decode.proposers.suffix import SuffixCache, SuffixProposer, SuffixTree, arctic_available, speculate
-
-BACKENDS = ["python", "arctic"]
-
-
-def test_arctic_suffix_tree_is_installed():
-    """scripts/build_suffix_tree.sh (run by the set-up) builds Arctic Inference's C++ suffix tree into the venv."""
-    assert arctic_available()
+from spec_decode.proposers.suffix import SuffixTree, arctic_available, speculate
 
 
 def _count(seqs, s):
@@ -125,6 +119,14 @@ def test_arctic_speculation_equals_brute_force(seed):
     exact_cases.append(checked_exact)
 
 
+@pytest.mark.skipif(not arctic_available(), reason="Arctic's suffix tree is not built")
+def test_arctic_comparison_was_exact_in_most_cases():
+    """Ties must not hide everything: most of the random cases above were compared exactly."""
+    if len(exact_cases) < 12:
+        pytest.skip("run together with test_arctic_speculation_equals_brute_force")
+    assert sum(exact_cases) >= 20, exact_cases  # of 60
+
+
 def test_remove_sequence_restores_the_tree_exactly():
     rng = random.Random(3)
     a = [rng.randrange(5) for _ in range(40)]
@@ -137,72 +139,3 @@ def test_remove_sequence_restores_the_tree_exactly():
     assert tree.node_count() == nodes_a
     tree.remove_sequence(a)
     assert tree.node_count() == 1 and tree.root[1] == {}
-
-
-@pytest.mark.skipif(not arctic_available(), reason="Arctic's suffix tree is not built")
-def test_arctic_comparison_was_exact_in_most_cases():
-    """Ties must not hide everything: most of the random cases above were compared exactly."""
-    if len(exact_cases) < 12:
-        pytest.skip("run together with test_arctic_speculation_equals_brute_force")
-    assert sum(exact_cases) >= 20, exact_cases  # of 60
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_global_cache_is_fifo_bounded_and_serves_a_repeated_response(backend):
-    if backend == "arctic" and not arctic_available():
-        pytest.skip("Arctic's suffix tree is not built (test_arctic_suffix_tree_is_installed fails)")
-    p = SuffixProposer(max_tree_depth=8, max_cached_requests=2, max_spec_factor=2.0, backend=backend)
-    responses = [[10 + r, 20 + r, 30 + r, 40 + r, 50 + r] for r in range(3)]
-    for seq, resp in enumerate(responses):
-        p.speculate(seq, [1, 2, 3], 4)  # first step: the prompt
-        p.speculate(seq, [1, 2, 3] + resp, 4)
-        p.release(seq)
-    assert p.cached_requests() == 2 and p.active_requests() == 0
-    # A new request whose output starts like a cached response gets it, with probability 1 per token (the global
-    # tree does not hold the request's own occurrence); the oldest response was evicted.
-    d = p.speculate(99, [7, 7, 11, 21], 3)
-    assert d.token_ids == [31, 41, 51] and d.score == pytest.approx(3.0)
-    assert p.speculate(98, [7, 7, 10, 20], 3).token_ids == []
-    assert p.cache.cached_tokens() == 10
-    p.release(98)
-    p.release(99)
-    assert p.active_requests() == 0
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_active_requests_are_bounded_and_restart_on_divergence(backend):
-    if backend == "arctic" and not arctic_available():
-        pytest.skip("Arctic's suffix tree is not built (test_arctic_suffix_tree_is_installed fails)")
-    p = SuffixProposer(max_tree_depth=8, max_cached_requests=4, max_active=3, backend=backend)
-    for seq in range(5):
-        p.speculate(seq, [seq, 1, 2], 2)
-    assert p.active_requests() == 3
-    p.speculate(4, [9, 9, 9, 9], 2)  # not an extension of [4, 1, 2]: the sequence starts over, nothing raises
-    assert p.active_requests() == 3
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_cache_rejects_unknown_requests(backend):
-    if backend == "arctic" and not arctic_available():
-        pytest.skip("Arctic's suffix tree is not built (test_arctic_suffix_tree_is_installed fails)")
-    c = SuffixCache(backend, 8, 2)
-    with pytest.raises(ValueError, match="not active"):
-        c.speculate(1, [1, 2], 2)
-    c.start_request(1, [1, 2])
-    with pytest.raises(ValueError, match="already active"):
-        c.start_request(1, [1, 2])
-
-
-def test_unknown_backend_is_rejected():
-    with pytest.raises(ValueError, match="allowed values are auto, arctic, python"):
-        SuffixProposer(backend="rust")
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_request_tree_follows_the_sequence_and_prompt_repetition(backend):
-    if backend == "arctic" and not arctic_available():
-        pytest.skip("Arctic's suffix tree is not built (test_arctic_suffix_tree_is_installed fails)")
-    p = SuffixProposer(max_tree_depth=16, max_cached_requests=0, max_spec_factor=2.0, backend=backend)
-    prompt = [5, 6, 7, 8, 9, 1, 2]
-    assert p.propose(1, prompt + [5, 6], 3, None, 0).draft_token_ids.tolist() == [7, 8, 9]
-    assert p.propose(1, prompt + [5, 6, 7, 8], 2, None, 1).draft_token_ids.tolist() == [9, 1]

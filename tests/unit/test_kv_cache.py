@@ -1,32 +1,9 @@
-"""n-gram proposer, the per-sequence KV cache (reuse, rollback, LRU), the scorer and the draft LM, on a tiny model."""
+"""spec_decode.kv_cache: the per-sequence KV caches (reuse, rollback, LRU, batched rounds, growth) on a tiny model."""
 
 import pytest
 import torch
 
 from spec_decode.kv_cache import CachedCausalLM
-from spec_decode.loop import Generation, LocalStep, run_local
-from spec_decode.proposers import DraftModelProposer, HybridProposer, NgramProposer, SuffixProposer
-from spec_decode.request import GenerationRequest
-from spec_decode.sampling import SamplingParams, logits_to_probs
-from spec_decode.scorer import TargetScorer
-
-GREEDY = SamplingParams()
-
-
-def test_ngram_proposes_continuation_of_most_recent_match():
-    p = NgramProposer(1, 3)
-    ids = [5, 6, 7, 8, 1, 5, 6, 7, 9, 2, 5, 6, 7]
-    # The tail [5, 6, 7] last occurred at index 5, followed by 9, 2, 5.
-    assert p.propose(0, ids, 3, GREEDY, 0).draft_token_ids.tolist() == [9, 2, 5]
-    assert p.propose(0, ids, 10, GREEDY, 0).draft_token_ids.tolist() == [9, 2, 5, 6, 7]
-    assert p.propose(0, [1, 2, 3], 4, GREEDY, 0).draft_token_ids.numel() == 0  # no match
-    assert p.propose(0, ids, 0, GREEDY, 0).draft_token_ids.numel() == 0
-    assert p.propose(0, ids, 3, GREEDY, 0).draft_probs is None
-
-
-def test_ngram_falls_back_to_shorter_matches():
-    p = NgramProposer(1, 4)
-    assert p.propose(0, [4, 9, 3, 1, 2, 4], 2, GREEDY, 0).draft_token_ids.tolist() == [9, 3]
 
 
 def _full_logits(model, ids):
@@ -95,93 +72,6 @@ def test_out_of_range_token_ids_are_a_clear_error(tiny_lm):
     for bad in ([1, 97], [-1, 2]):
         with pytest.raises(ValueError, match=r"\[0, 97\)"):
             lm.logits(1, bad, 1)
-
-
-def test_scorer_returns_k_plus_one_distributions(tiny_lm):
-    scorer = TargetScorer(CachedCausalLM(tiny_lm))
-    probs = scorer.score(1, [1, 2, 3], [4, 5], GREEDY)
-    assert probs.shape == (3, 97)
-    torch.testing.assert_close(probs.sum(-1), torch.ones(3))
-    torch.testing.assert_close(probs, torch.softmax(_full_logits(tiny_lm, [1, 2, 3, 4, 5])[-3:], -1),
-                               atol=1e-5, rtol=1e-4)
-
-
-def test_top_k_top_p_transforms():
-    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0]])
-    pk = logits_to_probs(logits, SamplingParams(temperature=1.0, top_k=2))
-    assert (pk[0, 2:] == 0).all() and abs(float(pk.sum()) - 1) < 1e-6
-    pp = logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=0.5))
-    assert (pp[0, 1:] == 0).all()  # the top token has ~64% of the mass
-
-
-class _DummyTokenizer:
-    """Decodes token t as chr(ord('a') + t % 26): enough for the loop's text bookkeeping."""
-
-    def decode(self, ids, **kw):
-        return "".join(chr(ord("a") + t % 26) for t in ids)
-
-
-def test_self_draft_greedy_equals_plain_greedy(tiny_lm):
-    """Draft LM = target, greedy: every draft is accepted and the output equals greedy decoding."""
-    prompt = [5, 17, 3]
-    with torch.inference_mode():
-        ref = tiny_lm.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
-                               eos_token_id=None, pad_token_id=0)[0, 3:].tolist()
-    draft, suffix = DraftModelProposer(CachedCausalLM(tiny_lm)), SuffixProposer()
-    step = LocalStep({"draft": draft, "ngram": NgramProposer(), "suffix": suffix,
-                      "hybrid": HybridProposer(suffix, draft)}, TargetScorer(CachedCausalLM(tiny_lm)))
-    for method in ("none", "ngram", "suffix", "hybrid", "draft"):
-        gen = Generation(7, prompt, GenerationRequest("x", 20, speculative_method=method), _DummyTokenizer(), [],
-                         256, 0)
-        run_local(gen, step)
-        assert gen.output_ids == ref, method
-    assert gen.stats.accepted_tokens == gen.stats.draft_tokens > 0
-    assert len(step.scorer.lm) == 0  # run_local released the caches
-
-
-class _Fixed:
-    """A proposer that always proposes the same tokens (records its calls)."""
-
-    def __init__(self, tokens):
-        self.tokens, self.calls, self.released = tokens, 0, []
-
-    def propose(self, seq_id, token_ids, k, params, step):
-        from spec_decode.proposers import Proposal
-
-        self.calls += 1
-        return Proposal(torch.tensor(self.tokens[:k]), None)
-
-    def release(self, seq_id):
-        self.released.append(seq_id)
-
-
-def test_hybrid_uses_suffix_only_when_its_score_reaches_k():
-    suffix, fallback = SuffixProposer(max_spec_factor=4.0), _Fixed([90, 91, 92])
-    hybrid = HybridProposer(suffix, fallback)
-    # An earlier response 1..6 sits in the global trie; a new request ending in [1, 2] matches it with running
-    # probabilities 1, 1, 1 -> score 3 >= k = 3. (In the request's own trie the current occurrence of the context
-    # counts too, as in Arctic Inference, so one earlier repetition gives 1/2 per token there.)
-    suffix.speculate(0, [9], 3)
-    suffix.update(0, [9, 1, 2, 3, 4, 5, 6])
-    suffix.release(0)
-    assert hybrid.propose(1, [8, 1, 2], 3, GREEDY, 0).draft_token_ids.tolist() == [3, 4, 5]
-    assert fallback.calls == 0
-    # No repetition: the suffix score is 0 < k, so the fallback drafts.
-    assert hybrid.propose(2, [7, 8, 9], 3, GREEDY, 0).draft_token_ids.tolist() == [90, 91, 92]
-    assert fallback.calls == 1
-    hybrid.release(2)
-    assert fallback.released == [2]
-
-
-def test_seeded_sampling_is_reproducible(tiny_lm):
-    step = LocalStep({"draft": DraftModelProposer(CachedCausalLM(tiny_lm))}, TargetScorer(CachedCausalLM(tiny_lm)))
-    outs = []
-    for seed in (1, 1, 2):
-        req = GenerationRequest("x", 16, temperature=0.8, speculative_method="draft")
-        gen = Generation(seed, [1, 2], req, _DummyTokenizer(), [], 256, seed)
-        run_local(gen, step)
-        outs.append(gen.output_ids)
-    assert outs[0] == outs[1] and outs[0] != outs[2]
 
 
 def test_batches_split_where_padding_would_more_than_double_the_cached_positions(tiny_lm):

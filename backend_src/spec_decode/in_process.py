@@ -1,0 +1,70 @@
+"""The in-process transport: one speculative step with the proposer, scorer and verifier objects called directly.
+
+gpt-fast's ``speculative_decode`` and vLLM's ``SpecDecodeWorker`` step: draft k tokens, one target forward over k+1
+positions, verify. Tests and benchmarks drive a :class:`~spec_decode.generation.Generation` with it
+(:func:`run_local`); the server runs the same objects behind its models (:mod:`spec_decode.serving`).
+"""
+
+from __future__ import annotations
+
+from .generation import Chunk, Generation
+from .proposers import Proposal, Proposer
+from .protocol import StepInputs, StepResult
+from .scorer import TargetScorer
+from .verifier import Verifier
+
+
+def run_step(inp: StepInputs, proposers: dict[str, Proposer], scorer: TargetScorer,
+             verifier: Verifier) -> StepResult:
+    """Run one speculative step of one sequence in process.
+
+    Raises:
+        KeyError: no proposer for ``inp.method``.
+    """
+    if inp.drafts:
+        proposal = proposers[inp.method].propose_one(inp.seq_id, inp.token_ids, inp.num_draft_tokens, inp.params,
+                                                     inp.step)
+    else:
+        proposal = Proposal.empty()
+    drafts = proposal.draft_token_ids
+    probs = scorer.score(inp.seq_id, inp.token_ids, drafts.tolist(), inp.params)
+    ids, lps = verifier.verify(probs, drafts, proposal.draft_probs, inp.params.seed, inp.step, inp.params.is_greedy,
+                               inp.acceptance_method)
+    return StepResult(ids, int(drafts.numel()), lps)
+
+
+class LocalStep:
+    """A step callable for :func:`run_local`: :func:`run_step` over fixed objects.
+
+    Args:
+        proposers: method name -> proposer (``none`` needs no entry).
+        scorer: the target scorer.
+        verifier: the verifier (default: rejection sampling, :class:`~spec_decode.settings.VerifierSettings`).
+    """
+
+    def __init__(self, proposers: dict[str, Proposer], scorer: TargetScorer, verifier: Verifier | None = None):
+        self.proposers = dict(proposers)
+        self.scorer = scorer
+        self.verifier = verifier or Verifier()
+
+    def __call__(self, inp: StepInputs) -> StepResult:
+        """Run draft -> target -> verifier for one sequence."""
+        return run_step(inp, self.proposers, self.scorer, self.verifier)
+
+    def release(self, seq_id: int, final_token_ids: list[int] | None = None) -> None:
+        """Free every per-sequence cache of ``seq_id`` (its final ids join suffix decoding's cache)."""
+        for p in self.proposers.values():
+            p.release(seq_id, final_token_ids)
+        self.scorer.release(seq_id)
+
+
+def run_local(gen: Generation, step: LocalStep) -> list[Chunk]:
+    """Drive ``gen`` to completion with a synchronous step callable; returns every chunk. Releases caches at the end
+    (with the sequence's final ids)."""
+    chunks = []
+    try:
+        while not gen.finished:
+            chunks.append(gen.commit(step(gen.next_step())))
+    finally:
+        step.release(gen.seq_id, gen.token_ids)
+    return chunks

@@ -1,0 +1,69 @@
+"""The proposers draft_model serves, by the ``speculative_method`` name clients send.
+
+Adding a proposer is its own file (a :class:`~.base.Proposer` subclass with a ``name`` and, when it has config
+parameters, its ``Settings``) plus one entry in :data:`PROPOSERS` (README, "Adding a proposer"). Everything else reads
+this registry: the methods generate offers and checks requests against, draft_model's proposers and their config
+parameters and gauges, the k schedule of a method.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .base import Proposer
+from .draft_lm import DraftModelProposer
+from .hybrid import HybridProposer
+from .ngram import NgramProposer
+from .schedule import ConstantK, KSchedule
+from .suffix import SuffixProposer
+
+NO_SPECULATION = "none"  # plain decoding: no proposer, k = 0
+
+# name -> class, in the order they are built: a proposer composed of others (hybrid) after those it composes.
+PROPOSERS: dict[str, type[Proposer]] = {cls.name: cls for cls in (
+    DraftModelProposer,
+    NgramProposer,
+    SuffixProposer,
+    HybridProposer,
+)}
+
+METHODS: tuple[str, ...] = (NO_SPECULATION, *PROPOSERS)
+
+
+def offered_methods(draft_lm_available: bool) -> tuple[str, ...]:
+    """The methods a server offers its clients: all of :data:`METHODS` but those that need a draft LM when
+    draft_model has none."""
+    return tuple(m for m in METHODS if m == NO_SPECULATION or draft_lm_available or not PROPOSERS[m].needs_draft_lm)
+
+
+def build_proposers(params: Mapping[str, str]) -> dict[str, Proposer]:
+    """draft_model's proposers from its config parameters: each registered class's ``Settings.from_params(params)``
+    and ``from_config``; a class whose ``from_config`` returns None (the draft LM without a model) is not served.
+
+    Raises:
+        ValueError: a config parameter out of range (named).
+        FileNotFoundError: a model folder that does not exist.
+    """
+    served: dict[str, Proposer] = {}
+    for name, cls in PROPOSERS.items():
+        proposer = cls.from_config(cls.Settings.from_params(params), served)
+        if proposer is not None:
+            served[name] = proposer
+    return served
+
+
+def config_parameters() -> set[str]:
+    """Every config.pbtxt parameter key the registered proposers read."""
+    return {key for cls in PROPOSERS.values() for key in cls.Settings.parameter_names()}
+
+
+def k_schedule(method: str, configured: str, max_k: int) -> KSchedule:
+    """How k changes from step to step for ``method`` (its proposer's :meth:`~.base.Proposer.k_schedule`; constant
+    for ``none``).
+
+    Raises:
+        KeyError: a method not in :data:`METHODS`.
+    """
+    if method == NO_SPECULATION:
+        return ConstantK()
+    return PROPOSERS[method].k_schedule(configured, max_k)

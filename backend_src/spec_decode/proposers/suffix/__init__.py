@@ -1,0 +1,17 @@
+"""Suffix decoding (Oliaro et al., arXiv 2411.04975; Snowflake Arctic Inference ``SuffixDecodingCache``).
+
+Each active request has a suffix tree over its prompt and response so far; one global tree holds earlier responses
+(FIFO eviction past ``max_cached_requests``). A draft continues the longest useful match of the context's end in either
+tree, following the most frequent continuation while its running probability stays at or above ``min_token_prob``.
+
+- :mod:`.tree`: the pure-Python suffix trie and the speculation over it (the reference semantics).
+- :mod:`.cache`: :class:`SuffixCache`, the per-request trees and the global tree, on Arctic's C++ tree or the trie.
+- :mod:`.proposer`: :class:`SuffixProposer`, the proposer draft_model serves.
+"""
+
+from .cache import BACKENDS, SuffixCache, arctic_available, make_cache
+from .proposer import SuffixProposer, SuffixSettings
+from .tree import SuffixDraft, SuffixTree, speculate
+
+__all__ = ["BACKENDS", "SuffixCache", "SuffixDraft", "SuffixProposer", "SuffixSettings", "SuffixTree",
+           "arctic_available", "make_cache", "speculate"]

@@ -1,0 +1,59 @@
+"""The step protocol's types: what one speculative step of one sequence takes and returns.
+
+Stateless on the wire (README, "How it works"): every step carries the sequence's committed token ids, k, the method,
+the sampling parameters with the seed and the step counter, so any instance of a step model can serve it and caches are
+only an optimisation. :class:`~spec_decode.generation.Generation` makes :class:`StepInputs` and commits
+:class:`StepResult`; a transport runs the step (in process: :mod:`spec_decode.in_process`; over Triton:
+:mod:`spec_decode.serving.triton_step`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .proposers.registry import NO_SPECULATION
+from .sampling import SamplingParams
+
+
+@dataclass
+class StepInputs:
+    """What one speculative step needs.
+
+    Attributes:
+        seq_id: sequence id (uint64), unique per request.
+        token_ids: committed ids (prompt + accepted output), length >= 1.
+        num_draft_tokens: k for this step (0 = plain decoding), clamped so the sequence stays within max_model_len
+            (not by max_tokens: :meth:`~spec_decode.generation.Generation.next_step`).
+        method: the speculative method, one of :data:`spec_decode.proposers.METHODS`.
+        params: sampling parameters (with the request seed).
+        step: step counter (0-based), mixed into the noise seed.
+        acceptance_method: "rejection", "typical", or "" for the verifier's default.
+    """
+
+    seq_id: int
+    token_ids: list[int]
+    num_draft_tokens: int
+    method: str
+    params: SamplingParams
+    step: int
+    acceptance_method: str = ""
+
+    @property
+    def drafts(self) -> bool:
+        """Whether the step asks for drafts (k > 0 and a method other than none): else it skips draft_model."""
+        return self.num_draft_tokens > 0 and self.method != NO_SPECULATION
+
+
+@dataclass
+class StepResult:
+    """What one speculative step returns.
+
+    Attributes:
+        output_ids: 1..k+1 token ids: accepted drafts then the recovered or bonus token.
+        num_draft_tokens: how many draft tokens the proposer actually proposed (k' <= k).
+        log_probs: target log-probability of each output id (same length), or None.
+    """
+
+    output_ids: list[int]
+    num_draft_tokens: int
+    log_probs: list[float] | None = None

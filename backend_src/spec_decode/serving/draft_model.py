@@ -1,0 +1,86 @@
+"""Backend of the ``draft_model`` model: the proposers of :mod:`spec_decode.proposers.registry`.
+
+Config parameters: ``max_num_draft_tokens`` (:class:`~spec_decode.settings.DraftModelSettings`) and each registered
+proposer's own (its ``Settings``: the draft LM's ``draft_model_path``, ``device``, ``dtype``, ``max_sequences``;
+``ngram_*``; ``suffix_*``; ``hybrid_fallback``). Inputs: the step protocol's
+(:data:`~.step_inputs.DRAFT_MODEL_INPUTS`). Outputs: ``draft_token_ids`` INT64 [k'] and ``draft_probs`` FP32 [k', V]
+([0, 0] for drafts without probabilities, and for a release). The rows of one ``execute()`` that name the same method
+go to their proposer in one ``propose`` call (the draft LM runs each draft position as one batched forward over them).
+Metrics: time proposing per method, and each proposer's gauges.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from ..proposers import NO_SPECULATION, Proposal, build_proposers
+from ..proposers.registry import config_parameters
+from ..settings import DraftModelSettings, warn_unknown_parameters
+from .adapter import strip_padding
+from .batching import BatchedBackend, Work
+from .metrics import Metrics
+from .step_inputs import DRAFT_MODEL_INPUTS, is_release, proposal_request, sequence_id
+
+
+def _no_drafts() -> dict:
+    """draft_model outputs for "nothing proposed" (also what a release returns)."""
+    return {"draft_token_ids": np.zeros(0, np.int64), "draft_probs": np.zeros((0, 0), np.float32)}
+
+
+def _outputs(proposal: Proposal) -> dict:
+    probs = proposal.draft_probs
+    if probs is None:
+        probs = torch.zeros((0, 0), dtype=torch.float32)
+    return {"draft_token_ids": proposal.draft_token_ids.to(torch.int64).numpy(), "draft_probs": probs}
+
+
+class DraftBackend(BatchedBackend):
+    """draft_model: proposes each row's drafts with the proposer its ``speculative_method`` names.
+
+    Args:
+        params: the config.pbtxt parameters (name -> string value).
+        metrics: where its metrics go (default: kept in the process only).
+
+    Raises:
+        ValueError: a config parameter out of range (named).
+        FileNotFoundError: a model folder that does not exist.
+    """
+
+    INPUTS = DRAFT_MODEL_INPUTS
+
+    def __init__(self, params: dict[str, str], metrics: Metrics | None = None):
+        warn_unknown_parameters("draft_model", params, {*DraftModelSettings.parameter_names(), *config_parameters()})
+        self.metrics = metrics if metrics is not None else Metrics()
+        self.settings = DraftModelSettings.from_params(params)
+        self.proposers = build_proposers(params)
+        self.methods = (NO_SPECULATION, *self.proposers)
+        for p in self.proposers.values():
+            self.metrics.declare(p.GAUGES)
+        self._refresh_gauges()
+
+    def _refresh_gauges(self) -> None:
+        for p in self.proposers.values():
+            for name, value in p.gauges().items():
+                self.metrics.set(name, value)
+
+    def _plan(self, inputs: dict):
+        seq_id = sequence_id(inputs)
+        if is_release(inputs):  # with the final ids: the whole response joins suffix decoding's cache
+            final = strip_padding(inputs["token_ids"]) if "token_ids" in inputs else []
+            for p in self.proposers.values():
+                p.release(seq_id, final or None)
+            return _no_drafts()
+        method, request = proposal_request(inputs, self.methods, self.settings.max_num_draft_tokens)
+        if request is None:
+            return _no_drafts()
+        self.proposers[method].check(request)
+        return Work(seq_id, request, _outputs, group=method)
+
+    def _run_group(self, method: str, requests: list) -> list[Proposal]:
+        start = time.perf_counter()
+        out = self.proposers[method].propose(requests)
+        self.metrics.add("spec_decode_propose_seconds_total", time.perf_counter() - start, method=method)
+        return out

@@ -1,0 +1,69 @@
+"""Backend of the ``target_model`` model: the scorer over k+1 positions with the per-sequence KV cache.
+
+Config parameters: :class:`~spec_decode.settings.TargetSettings` (``model_path``, ``device``, ``dtype``,
+``max_sequences``). Inputs: :data:`~.step_inputs.TARGET_MODEL_INPUTS`. Output: ``target_probs`` FP32 [k+1, V] (on the
+model's device; [0, 0] for a release). The rows of one ``execute()`` are scored in one forward pass
+(:meth:`~spec_decode.scorer.TargetScorer.score_batch`). Metrics: time scoring, the target's KV caches.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from ..model_loading import load_cached_lm, resolve_model_path
+from ..scorer import TargetScorer
+from ..settings import TargetSettings, warn_unknown_parameters
+from .adapter import strip_padding
+from .batching import BatchedBackend, Work
+from .metrics import Metrics
+from .step_inputs import TARGET_MODEL_INPUTS, is_release, sampling_params, sequence_id, token_ids
+
+
+def _probs_output(probs: torch.Tensor) -> dict:
+    return {"target_probs": probs.float()}
+
+
+class TargetBackend(BatchedBackend):
+    """target_model: scores each row's drafts.
+
+    Args:
+        params: the config.pbtxt parameters (name -> string value).
+        metrics: where its metrics go (default: kept in the process only).
+
+    Raises:
+        ValueError: a config parameter out of range (named).
+        FileNotFoundError: a model folder that does not exist.
+    """
+
+    INPUTS = TARGET_MODEL_INPUTS
+
+    def __init__(self, params: dict[str, str], metrics: Metrics | None = None):
+        warn_unknown_parameters("target_model", params, set(TargetSettings.parameter_names()))
+        self.metrics = metrics if metrics is not None else Metrics()
+        self.settings = TargetSettings.from_params(params)
+        self.lm = load_cached_lm(resolve_model_path(self.settings.model_path), self.settings)
+        self.scorer = TargetScorer(self.lm)
+        self._refresh_gauges()
+
+    def _refresh_gauges(self) -> None:
+        self.metrics.set("spec_decode_target_kv_cache_sequences", len(self.lm))
+        self.metrics.set("spec_decode_target_kv_cache_tokens", self.lm.cached_tokens())
+
+    def _run_group(self, group, items: list[tuple]) -> list:  # the k+1 positions of several sequences in one forward
+        start = time.perf_counter()
+        out = self.scorer.score_batch(items)
+        self.metrics.add("spec_decode_score_seconds_total", time.perf_counter() - start)
+        return out
+
+    def _plan(self, inputs: dict):
+        seq_id = sequence_id(inputs)
+        if is_release(inputs):
+            self.scorer.release(seq_id)
+            return {"target_probs": torch.zeros((0, 0), dtype=torch.float32)}
+        drafts = strip_padding(inputs.get("draft_token_ids", np.zeros(0, np.int64)))
+        ids, params = token_ids(inputs), sampling_params(inputs)
+        self.lm.check(ids + drafts, len(drafts) + 1)
+        return Work(seq_id, (seq_id, ids, drafts, params), _probs_output)

@@ -1,0 +1,301 @@
+"""Settings of the served models and the input rules they share with requests: every rule and default in one place.
+
+- Config settings: one frozen dataclass per model of the repository (:class:`TargetSettings`,
+  :class:`DraftModelSettings`, :class:`VerifierSettings`, :class:`GenerateSettings`) and one per proposer (its
+  ``Settings``, in its own file under :mod:`spec_decode.proposers`), built once when the model loads from the
+  ``parameters`` of its config.pbtxt (:meth:`ConfigSettings.from_params`). A field's default is the parameter's
+  default; the shipped config.pbtxt files list the same values (``tests/unit/test_settings.py`` holds them to it).
+- Input rules: :class:`InvalidInputError` and the checks (:func:`one_of`, :func:`in_range`,
+  :func:`check_acceptance_method`) that generate's request parsing (:mod:`spec_decode.request`), the step models' input
+  decoding (:mod:`spec_decode.serving.step_inputs`), the sampling parameters (:class:`spec_decode.sampling.
+  SamplingParams`) and the settings call. What they have checked, the code behind them trusts.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+logger = logging.getLogger(__name__)
+
+ACCEPTANCE_METHODS = ("rejection", "typical")
+K_SCHEDULES = ("constant", "heuristic")  # spec_decode.proposers.schedule
+VERIFIER_BACKENDS = ("auto", "triton", "torch")  # spec_decode.verifier.rejection
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+class InvalidInputError(ValueError):
+    """An input is missing or out of range; the message names the field and what is allowed.
+
+    Attributes:
+        field: the input's name (a request tensor, a step model input, or a config.pbtxt parameter).
+        detail: what is wrong and what is allowed (the message without the field's name).
+    """
+
+    def __init__(self, field_name: str, detail: str):
+        super().__init__(f"invalid input '{field_name}': {detail}")
+        self.field = field_name
+        self.detail = detail
+
+
+def one_of(field_name: str, value: str, allowed: Sequence[str], note: str = "") -> str:
+    """``value`` stripped and lower-cased, when it is one of ``allowed``.
+
+    Raises:
+        InvalidInputError: naming ``field_name`` and the allowed values (then ``note``).
+    """
+    v = str(value).strip().lower()
+    if v not in allowed:
+        raise InvalidInputError(field_name, f"{v!r} is not one of {', '.join(allowed)}{note}")
+    return v
+
+
+def in_range(field_name: str, value, low, high=None, note: str = ""):
+    """``value`` when ``low <= value <= high`` (``high`` None: no upper bound); NaN and infinities never are.
+
+    Raises:
+        InvalidInputError: naming ``field_name`` and the range (then ``note``).
+    """
+    if not math.isfinite(value) or value < low or (high is not None and value > high):
+        bound = f"must be >= {low}" if high is None else f"must be in [{low}, {high}]"
+        raise InvalidInputError(field_name, f"{bound}{note}, got {value}")
+    return value
+
+
+def check_acceptance_method(field_name: str, value: str) -> str:
+    """An acceptance method: ``rejection`` (lossless) or ``typical`` (not lossless).
+
+    Raises:
+        InvalidInputError: naming ``field_name`` and the allowed values.
+    """
+    return one_of(field_name, value, ACCEPTANCE_METHODS, " (typical is not lossless)")
+
+
+def check_typical_parameters(posterior_threshold: float, posterior_alpha: float,
+                             names: tuple[str, str] = ("posterior_threshold", "posterior_alpha")) -> None:
+    """Typical acceptance's epsilon and delta: finite numbers in [0, 3.4e38] (they are used as float32 values).
+
+    Args:
+        posterior_threshold, posterior_alpha: the values to check. names: how the error names them.
+
+    Raises:
+        InvalidInputError: naming the parameter and the allowed range (negative, NaN, infinite, beyond float32, or
+            not a number).
+    """
+    for name, x in zip(names, (posterior_threshold, posterior_alpha)):
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or not 0 <= x <= FLOAT32_MAX:
+            raise InvalidInputError(name, f"allowed values are finite numbers in [0, {FLOAT32_MAX:.3g}], got {x!r}")
+
+
+def _convert(key: str, raw: str, default):
+    """A config value (a string) as the type of ``default``."""
+    if isinstance(default, bool):
+        v = raw.lower()
+        if v in ("true", "1", "yes"):
+            return True
+        if v in ("false", "0", "no"):
+            return False
+        raise ValueError(f"config parameter {key!r}: expected true or false, got {raw!r}")
+    try:
+        return type(default)(raw)
+    except ValueError:
+        raise ValueError(f"config parameter {key!r}: expected {type(default).__name__}, got {raw!r}") from None
+
+
+@dataclass(frozen=True)
+class ConfigSettings:
+    """Base of the typed settings built from a model's config.pbtxt ``parameters``.
+
+    A subclass is a frozen dataclass whose fields all have defaults (int, float, bool or str); the config parameter of
+    field ``f`` is ``PREFIX + f``. :meth:`check` (called at construction) raises :class:`InvalidInputError` for a value
+    out of range; the error is re-raised as a ``ValueError`` naming the config parameter.
+
+    Class attributes:
+        PREFIX: prepended to every field's name to make its parameter key (e.g. ``"ngram_"``: ``ngram_min``).
+
+    Raises:
+        ValueError: (construction) a value out of range, naming the config parameter and what is allowed.
+    """
+
+    PREFIX: ClassVar[str] = ""
+
+    def __post_init__(self):
+        try:
+            self.check()
+        except InvalidInputError as e:
+            raise ValueError(f"config parameter {self.PREFIX + e.field!r}: {e.detail}") from None
+
+    def check(self) -> None:
+        """Raise :class:`InvalidInputError` (field name, what is allowed) for a value out of range."""
+
+    def _choice(self, name: str, allowed: Sequence[str], note: str = "") -> None:
+        """Check that field ``name`` is one of ``allowed`` (:func:`one_of`) and keep it stripped and lower-cased."""
+        object.__setattr__(self, name, one_of(name, getattr(self, name), allowed, note))
+
+    @classmethod
+    def parameter_names(cls) -> tuple[str, ...]:
+        """The config.pbtxt parameter keys of these settings."""
+        return tuple(cls.PREFIX + f.name for f in fields(cls))
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, str]):
+        """The settings from a model's config parameters (key -> string value; absent keys take the defaults).
+
+        An empty value means the default for numbers and booleans; a string setting keeps it (``draft_model_path:
+        ""`` means no draft LM).
+
+        Raises:
+            ValueError: naming the parameter, when a value does not convert or is out of range.
+        """
+        values = {}
+        for f in fields(cls):
+            key = cls.PREFIX + f.name
+            if key not in params:
+                continue
+            raw = str(params[key]).strip()
+            if raw or isinstance(f.default, str):
+                values[f.name] = _convert(key, raw, f.default)
+        return cls(**values)
+
+
+def warn_unknown_parameters(model: str, params: Mapping[str, str], known: set[str]) -> None:
+    """Log a warning for each config parameter of ``model`` that no setting reads (a typo keeps the default).
+
+    Upper-case keys are the Python backend's own (``FORCE_CPU_ONLY_INPUT_TENSORS``, ``EXECUTION_ENV_PATH``).
+    """
+    for key in sorted(set(params) - known):
+        if not key.isupper():
+            logger.warning("%s: config parameter %r is not a setting of this model (known: %s); it is ignored", model,
+                           key, ", ".join(sorted(known)))
+
+
+DEVICE_HELP = "auto, cpu, cuda or cuda:N"
+
+
+@dataclass(frozen=True)
+class LMSettings(ConfigSettings):
+    """Where a causal LM runs and how many KV caches it keeps (target_model, and draft_model's draft LM).
+
+    Attributes:
+        device: ``auto`` (an instance of kind KIND_GPU: its GPU; otherwise cuda when available), ``cpu``, ``cuda``,
+            ``cuda:N``.
+        dtype: ``auto`` (float32 on CPU, bfloat16 on CUDA), ``float32``, ``float16``, ``bfloat16``.
+        max_sequences: KV caches kept (LRU), >= 1.
+    """
+
+    device: str = "auto"
+    dtype: str = "auto"
+    max_sequences: int = 64
+
+    DTYPES: ClassVar[tuple[str, ...]] = ("auto", "float32", "float16", "bfloat16")
+
+    def check(self) -> None:
+        self._choice("dtype", self.DTYPES)
+        in_range("max_sequences", self.max_sequences, 1)
+        d = self.device.strip().lower()
+        if not (d in ("auto", "cpu", "cuda") or (d.startswith("cuda:") and d[5:].isdigit())):
+            raise InvalidInputError("device", f"{self.device!r} is not one of {DEVICE_HELP}")
+        object.__setattr__(self, "device", d)
+
+
+@dataclass(frozen=True)
+class TargetSettings(LMSettings):
+    """target_model's settings.
+
+    Attributes:
+        model_path: a Hugging Face causal-LM folder, or ``default`` (the embedded SmolLM2-135M-Instruct).
+    """
+
+    model_path: str = "default"
+
+    def check(self) -> None:
+        super().check()
+        if not self.model_path.strip():
+            raise InvalidInputError("model_path", "must name a model folder or 'default'")
+
+
+@dataclass(frozen=True)
+class DraftModelSettings(ConfigSettings):
+    """draft_model's own settings (each proposer's are its ``Settings``: :mod:`spec_decode.proposers.registry`).
+
+    Attributes:
+        max_num_draft_tokens: the largest k a step may ask for, direct calls to spec_step included (>= 1; generate's
+            own ``max_num_draft_tokens`` bounds its clients' requests).
+    """
+
+    max_num_draft_tokens: int = 16
+
+    def check(self) -> None:
+        in_range("max_num_draft_tokens", self.max_num_draft_tokens, 1)
+
+
+@dataclass(frozen=True)
+class VerifierSettings(ConfigSettings):
+    """The verifier's settings.
+
+    Attributes:
+        acceptance_method: the default when a request names none: ``rejection`` (lossless) or ``typical`` (Medusa's
+            typical acceptance: accepts more drafts, NOT lossless).
+        typical_epsilon: typical acceptance's posterior threshold (epsilon), finite, in [0, float32 max].
+        typical_alpha: typical acceptance's posterior alpha (delta), finite, in [0, float32 max].
+        backend: ``auto`` (Triton kernels for CUDA tensors, torch on CPU), ``triton``, ``torch``.
+        num_threads: torch CPU threads of the verifier process (0 = torch's default; its CPU work is small, so more
+            threads only spin against the target's forward on a small machine).
+    """
+
+    acceptance_method: str = "rejection"
+    typical_epsilon: float = 0.09
+    typical_alpha: float = 0.3
+    backend: str = "auto"
+    num_threads: int = 1
+
+    def check(self) -> None:
+        object.__setattr__(self, "acceptance_method", check_acceptance_method("acceptance_method",
+                                                                              self.acceptance_method))
+        check_typical_parameters(self.typical_epsilon, self.typical_alpha, ("typical_epsilon", "typical_alpha"))
+        self._choice("backend", VERIFIER_BACKENDS)
+        in_range("num_threads", self.num_threads, 0)
+
+
+@dataclass(frozen=True)
+class GenerateSettings(ConfigSettings):
+    """generate's settings: the server's defaults and bounds for requests.
+
+    Attributes:
+        tokenizer_path: the target's tokenizer folder, or ``default`` (the embedded target's).
+        default_speculative_method: the method of a request that names none (must be one the server serves).
+        num_draft_tokens: the k of a request that sends none, in [0, max_num_draft_tokens].
+        max_num_draft_tokens: the largest k a request may ask for (>= 1; at most draft_model's own bound).
+        max_model_len: prompt + output tokens must fit in this many positions (>= 2).
+        draft_model_available: ``auto`` (whether the draft distilled by ``make draft`` exists, as draft_model's
+            ``draft_model_path: auto``), ``true`` (draft_model serves a draft LM: speculative_method ``draft`` is
+            offered) or ``false``.
+        num_draft_tokens_schedule: ``constant`` or ``heuristic`` (:mod:`spec_decode.proposers.schedule`; a proposer
+            may replace it with its own).
+        disable_by_batch_size: while at least this many requests run, steps run without speculation (0 = never).
+        step_round_max_wait_ms: a round of steps starts when every running sequence has submitted its step, or this
+            many milliseconds after the first did (> 0).
+    """
+
+    tokenizer_path: str = "default"
+    default_speculative_method: str = "suffix"
+    num_draft_tokens: int = 4
+    max_num_draft_tokens: int = 8
+    max_model_len: int = 2048
+    draft_model_available: str = "auto"
+    num_draft_tokens_schedule: str = "constant"
+    disable_by_batch_size: int = 0
+    step_round_max_wait_ms: float = 20.0
+
+    def check(self) -> None:
+        in_range("max_num_draft_tokens", self.max_num_draft_tokens, 1)
+        in_range("num_draft_tokens", self.num_draft_tokens, 0, self.max_num_draft_tokens)
+        in_range("max_model_len", self.max_model_len, 2)
+        self._choice("draft_model_available", ("auto", "true", "false"))
+        self._choice("num_draft_tokens_schedule", K_SCHEDULES)
+        in_range("disable_by_batch_size", self.disable_by_batch_size, 0)
+        if not self.step_round_max_wait_ms > 0:
+            raise InvalidInputError("step_round_max_wait_ms", f"must be > 0, got {self.step_round_max_wait_ms}")

@@ -1,0 +1,54 @@
+"""spec_decode.proposers.hybrid: the suffix draft when its score reaches k, else the fallback's (the contract)."""
+
+import torch
+
+from spec_decode.proposers import HybridProposer, Proposal, ProposalRequest, Proposer, SuffixProposer, SuffixSettings
+from spec_decode.sampling import SamplingParams
+
+GREEDY = SamplingParams()
+
+
+class _Fixed(Proposer):
+    """A proposer that always proposes the same tokens (records its calls and releases)."""
+
+    name = "fixed"
+
+    def __init__(self, tokens):
+        self.tokens, self.calls, self.released = tokens, [], []
+
+    def propose(self, requests):
+        self.calls.append([r.seq_id for r in requests])
+        return [Proposal(torch.tensor(self.tokens[: r.k]), None) for r in requests]
+
+    def release(self, seq_id, final_token_ids=None):
+        self.released.append(seq_id)
+
+
+def test_hybrid_uses_suffix_only_when_its_score_reaches_k():
+    suffix, fallback = SuffixProposer(SuffixSettings(max_spec_factor=4.0)), _Fixed([90, 91, 92])
+    hybrid = HybridProposer(suffix, fallback)
+    # An earlier response 1..6 sits in the global trie; a new request ending in [1, 2] matches it with running
+    # probabilities 1, 1, 1 -> score 3 >= k = 3. (In the request's own trie the current occurrence of the context
+    # counts too, as in Arctic Inference, so one earlier repetition gives 1/2 per token there.)
+    suffix.speculate(0, [9], 3)
+    suffix.release(0, [9, 1, 2, 3, 4, 5, 6])
+    assert hybrid.propose_one(1, [8, 1, 2], 3, GREEDY, 0).draft_token_ids.tolist() == [3, 4, 5]
+    assert fallback.calls == []
+    # No repetition: the suffix score is 0 < k, so the fallback drafts.
+    assert hybrid.propose_one(2, [7, 8, 9], 3, GREEDY, 0).draft_token_ids.tolist() == [90, 91, 92]
+    assert fallback.calls == [[2]]
+    hybrid.release(2)
+    assert fallback.released == [2]
+
+
+def test_a_round_goes_to_the_fallback_in_one_call_for_the_sequences_whose_score_fell_short():
+    suffix, fallback = SuffixProposer(SuffixSettings(max_spec_factor=4.0)), _Fixed([90, 91, 92])
+    hybrid = HybridProposer(suffix, fallback)
+    suffix.speculate(0, [9], 3)
+    suffix.release(0, [9, 1, 2, 3, 4, 5, 6])
+    reqs = [ProposalRequest(1, [7, 8, 9], 3, GREEDY, 0), ProposalRequest(2, [8, 1, 2], 3, GREEDY, 0),
+            ProposalRequest(3, [5, 5, 5], 2, GREEDY, 0)]
+    out = hybrid.propose(reqs)
+    assert [p.draft_token_ids.tolist() for p in out] == [[90, 91, 92], [3, 4, 5], [90, 91]]
+    assert fallback.calls == [[1, 3]]  # one call for the round's short-scored sequences, in order
+    assert out[1].score == 3.0

@@ -1,0 +1,82 @@
+"""spec_decode.serving.draft_model: rows go to their method's proposer, one propose call per method per execute();
+a bad row or a failing proposer fails only its rows; releases reach every proposer."""
+
+import numpy as np
+import pytest
+import torch
+
+from spec_decode.proposers import Proposal
+from spec_decode.serving.draft_model import DraftBackend
+from tests.helpers import step_row
+
+
+def _row(seq, ids, method, k=3, **kw):
+    return step_row(seq, ids, num_draft_tokens=np.array([k], np.int32),
+                    speculative_method=np.array([method.encode()], object), **kw)
+
+
+@pytest.fixture(scope="module")
+def draft(tiny_dir):
+    return DraftBackend({"draft_model_path": str(tiny_dir), "device": "cpu", "dtype": "float32",
+                         "suffix_backend": "python"})
+
+
+def test_draft_lm_rows_share_forwards_and_a_bad_row_fails_alone(draft, tiny_lm):
+    out = draft.run_batch([_row(1, [5, 6, 7], "draft"), _row(2, [1, 2], "draft"), _row(5, [1, 2], "draft", k=99)])
+    for o, ids in zip(out[:2], ([5, 6, 7], [1, 2])):
+        with torch.inference_mode():
+            full = tiny_lm.generate(torch.tensor([ids]), max_new_tokens=3, do_sample=False, eos_token_id=None,
+                                    pad_token_id=0)[0, len(ids):].tolist()
+        assert o["draft_token_ids"].tolist() == full and o["draft_probs"].shape == (3, 97)
+    assert isinstance(out[2], ValueError) and "num_draft_tokens" in str(out[2]) and "[0, 16]" in str(out[2])
+    draft.run_batch([_row(1, [5], "draft", release=True), _row(2, [1], "draft", release=True)])
+    assert draft.metrics.get("spec_decode_draft_kv_cache_sequences") == 0
+
+
+def test_each_method_gets_one_call_and_a_failing_proposer_fails_only_its_rows(draft, monkeypatch):
+    calls = []
+    for name, p in draft.proposers.items():
+        monkeypatch.setattr(p, "propose", lambda rs, _name=name, _real=p.propose: calls.append(
+            (_name, [r.seq_id for r in rs])) or _real(rs))
+    monkeypatch.setattr(draft.proposers["suffix"], "propose", lambda rs: (_ for _ in ()).throw(RuntimeError("boom")))
+    rows = [_row(1, [4, 9, 3, 4], "ngram"), _row(2, [1, 2, 3], "suffix"), _row(3, [5, 6, 5], "ngram"),
+            _row(4, [1, 2], "none"), _row(5, [1, 2], "ngram", k=0), _row(6, [1, 2], "magic"),
+            _row(7, [1, 10**6], "draft")]
+    out = draft.run_batch(rows)
+    assert calls == [("ngram", [1, 3])]  # one call for both ngram rows; none, k = 0 and the bad rows propose nothing
+    assert out[0]["draft_token_ids"].tolist() == [9, 3, 4] and out[2]["draft_token_ids"].tolist() == [6, 5]
+    assert out[0]["draft_probs"].shape == (0, 0)  # drafts without probabilities
+    assert isinstance(out[1], RuntimeError)  # the suffix call failed: its row alone
+    assert out[3]["draft_token_ids"].size == 0 and out[4]["draft_token_ids"].size == 0
+    assert isinstance(out[5], ValueError) and "'magic' is not one of none, draft, ngram, suffix, hybrid" in str(out[5])
+    assert isinstance(out[6], ValueError) and "token ids" in str(out[6])
+
+
+def test_a_release_gives_every_proposer_the_final_ids(draft):
+    released = []
+    for name, p in draft.proposers.items():
+        p_release = p.release
+        p.release = lambda seq, final=None, _n=name, _r=p_release: released.append((_n, seq, final)) or _r(seq, final)
+    try:
+        out = draft.run_batch([_row(8, [1, 2, 3, -1, -1], "suffix", release=True)])
+    finally:
+        for p in draft.proposers.values():
+            del p.release
+    assert out[0]["draft_token_ids"].size == 0
+    assert {n for n, *_ in released} >= {"draft", "ngram", "suffix", "hybrid"}
+    assert all(seq == 8 and final == [1, 2, 3] for n, seq, final in released if n in draft.proposers)
+
+
+def test_proposer_gauges_are_exported(draft):
+    draft.run_batch([_row(9, [1, 2, 1], "suffix")])
+    assert draft.metrics.get("spec_decode_suffix_active_requests") >= 1
+    draft.run_batch([_row(9, [1, 2, 1, 2], "suffix", release=True)])
+    assert draft.metrics.get("spec_decode_suffix_active_requests") == 0
+    assert draft.metrics.get("spec_decode_suffix_cached_responses") >= 1
+
+
+def test_proposals_are_returned_as_tensors_per_row():
+    from spec_decode.serving.draft_model import _outputs
+
+    out = _outputs(Proposal.of([3, 4]))
+    assert out["draft_token_ids"].dtype == np.int64 and out["draft_probs"].shape == (0, 0)

@@ -1,0 +1,28 @@
+"""spec_decode.serving.target_model: a round scored in one forward, each row as if alone, a bad row failing alone."""
+
+import torch
+
+from spec_decode.serving.target_model import TargetBackend
+from tests.helpers import step_row
+
+
+def test_target_backend_batches_rows_and_isolates_errors(tiny_dir):
+    """run_batch (what execute() gets from Triton's dynamic batcher): one forward for several sequences, results equal
+    to running each alone, a bad row fails alone, a release is answered in the same batch."""
+    params = {"model_path": str(tiny_dir), "device": "cpu", "dtype": "float32"}
+    alone = TargetBackend(params)
+    expected = [alone.run(step_row(1, [5, 6, 7], [8, 9]))["target_probs"],
+                alone.run(step_row(2, [1, 2], [3]))["target_probs"]]
+    batched = TargetBackend(params)
+    calls = []
+    score_batch = batched.scorer.score_batch
+    batched.scorer.score_batch = lambda items: calls.append(len(items)) or score_batch(items)
+    out = batched.run_batch([step_row(1, [5, 6, 7], [8, 9]), step_row(2, [1, 2], [3]), step_row(3, [1, 500]),
+                             step_row(4, [1], release=True), step_row(5, [1, 2], temperature=-1.0)])
+    assert calls == [2]
+    for got, want in zip(out[:2], expected):
+        torch.testing.assert_close(got["target_probs"], want, atol=1e-5, rtol=1e-4)
+    assert isinstance(out[2], ValueError) and "token ids" in str(out[2])
+    assert out[3]["target_probs"].shape == (0, 0)
+    assert isinstance(out[4], ValueError) and "'temperature'" in str(out[4])
+    assert batched.metrics.get("spec_decode_target_kv_cache_sequences") == 2  # 4 was released, 3 and 5 failed

@@ -1,0 +1,72 @@
+"""spec_decode.serving.verifier_model: a round's rows verified in one sampler call, each row as if alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from spec_decode.serving.adapter import stack_rows
+from spec_decode.serving.verifier_model import VerifierBackend
+
+
+@pytest.mark.parametrize("k_rows", [[0, 4], [2, 0, 3]])
+def test_verifier_rows_padded_to_the_rounds_largest_k_equal_unpadded_rows(k_rows):
+    """A verifier row cut from a padded batch (drafts padded with -1, probabilities with zero rows) gives what the
+    same row gives alone, for drafts with and without draft probabilities mixed in one round."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = 11
+    ver = VerifierBackend({"backend": "torch", "num_threads": "0"})  # 0: leave the test process's threads alone
+    rows = []
+    for i, k in enumerate(k_rows):
+        tp = torch.softmax(torch.randn(k + 1, vocab, generator=gen), -1)
+        drafts = torch.randint(0, vocab, (k,), generator=gen)
+        dp = torch.softmax(torch.randn(k, vocab, generator=gen), -1) if i % 2 else torch.zeros(0, 0)
+        rows.append({"target_probs": tp, "draft_token_ids": drafts.numpy(), "draft_probs": dp,
+                     "temperature": np.array([1.0], np.float32), "random_seed": np.array([7 + i]),
+                     "step": np.array([3]), "acceptance_method": np.array([b"rejection"], object)})
+    alone = [ver.run(r) for r in rows]
+    batch = {name: stack_rows([r[name] for r in rows])
+             for name in ("target_probs", "draft_token_ids", "draft_probs")}
+    for i, r in enumerate(rows):
+        padded = dict(r, target_probs=batch["target_probs"][i], draft_token_ids=batch["draft_token_ids"][i],
+                      draft_probs=batch["draft_probs"][i])
+        got = ver.run(padded)
+        assert got["output_ids"].tolist() == alone[i]["output_ids"].tolist()
+        np.testing.assert_allclose(got["output_log_probs"], alone[i]["output_log_probs"], rtol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])  # triton: the kernels under TRITON_INTERPRET=1
+def test_a_round_is_verified_in_one_sampler_call_and_each_row_gets_what_it_gets_alone(backend, monkeypatch):
+    """Rows of k 1..4, greedy and sampled, with and without draft probabilities, rejection and typical: run_batch
+    gives each row the tokens run() gives it alone, with one sampler call per kind of row; a bad row fails alone."""
+    import spec_decode.verifier.verifier as step
+    calls = []
+    for name in ("rejection_sample", "typical_acceptance_sample"):
+        real = getattr(step, name)
+        monkeypatch.setattr(step, name, lambda *a, _real=real, _name=name, **kw: calls.append(_name) or _real(*a, **kw))
+    gen = torch.Generator().manual_seed(1)
+    vocab = 23
+    ver = VerifierBackend({"backend": backend, "num_threads": "0"})
+    rows = []
+    for i in range(12):
+        k = 1 + i % 4
+        tp = torch.softmax(torch.randn(k + 1, vocab, generator=gen) * 2, -1)
+        drafts = torch.argmax(tp[:k] / torch.empty(k, vocab).exponential_(generator=gen), -1)  # often accepted
+        with_dp, method = i % 3 == 1, b"typical" if i % 3 == 2 else b"rejection"
+        dp = torch.softmax(torch.randn(k, vocab, generator=gen), -1) if with_dp else torch.zeros(0, 0)
+        rows.append({"target_probs": tp, "draft_token_ids": drafts.numpy(), "draft_probs": dp,
+                     "temperature": np.array([0.0 if i % 5 == 0 else 1.0], np.float32),
+                     "random_seed": np.array([100 + i]), "step": np.array([i]),
+                     "acceptance_method": np.array([method], object)})
+    alone = [ver.run(r) for r in rows]
+    calls.clear()
+    bad = dict(rows[0], target_probs=torch.ones(1, vocab) / vocab)  # 1 row of probabilities for 1 draft
+    got = ver.run_batch(rows + [bad])
+    # three kinds of row: rejection without and with draft probabilities, typical (its greedy rows: rejection)
+    assert sorted(calls) == ["rejection_sample", "rejection_sample", "typical_acceptance_sample"]
+    assert isinstance(got[-1], ValueError) and "target_probs" in str(got[-1])
+    for g, a in zip(got[:-1], alone):
+        assert g["output_ids"].tolist() == a["output_ids"].tolist()
+        np.testing.assert_allclose(g["output_log_probs"], a["output_log_probs"], rtol=1e-6)
+    assert sum(len(g["output_ids"]) - 1 for g in got[:-1]) > 0  # some drafts were accepted
