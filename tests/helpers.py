@@ -1,13 +1,6 @@
-"""Small doubles shared by the unit tests."""
+"""Helpers shared by the unit tests."""
 
 import numpy as np
-
-
-class CharTokenizer:
-    """Decodes token t as chr(ord('a') + t % 26): enough for the generation's text bookkeeping."""
-
-    def decode(self, ids, **kw):
-        return "".join(chr(ord("a") + t % 26) for t in ids)
 
 
 def step_row(seq, ids, drafts=(), **kw) -> dict:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .detokenizer import IncrementalDetokenizer
+from tokenizers.decoders import DecodeStream
+
 from .proposers.registry import NO_SPECULATION
 from .proposers.schedule import ConstantK, KSchedule
 from .protocol import StepInputs, StepResult
@@ -66,7 +67,8 @@ class Generation:
         seq_id: unique sequence id.
         prompt_ids: tokenised prompt (length >= 1).
         request: the validated request.
-        tokenizer: Hugging Face tokenizer (for incremental detokenisation).
+        tokenizer: a Hugging Face fast tokenizer: text is streamed by tokenizers' ``DecodeStream`` over its
+            ``backend_tokenizer`` (never a broken UTF-8 character; the prompt gives the first token its context).
         eos_token_ids: ids that end generation (not emitted), besides ``request.end_id``; ignored (emitted like any
             token) when ``request.ignore_eos``.
         max_model_len: prompt + output must fit.
@@ -96,7 +98,8 @@ class Generation:
             self.stop_ids.add(int(request.end_id))
         self.params = SamplingParams(request.temperature, request.top_k, request.top_p, int(seed),
                                      seeded=request.random_seed is not None)
-        self.detok = IncrementalDetokenizer(tokenizer, prompt_ids)
+        self._tokenizer = tokenizer.backend_tokenizer
+        self._decode = DecodeStream(ids=list(prompt_ids), skip_special_tokens=True)
         self.stats = GenerationStats()
         self.text = ""  # all complete output text so far (stop words are searched here)
         self.sent_chars = 0  # how much of ``text`` has been handed out
@@ -160,7 +163,7 @@ class Generation:
             new_ids.append(tok)
             if result.log_probs is not None:
                 new_lps.append(float(result.log_probs[j]))
-            self.text += self.detok.add(tok)
+            self.text += self._decode.step(self._tokenizer, tok) or ""
             for w in req.stop_words:
                 # Search only where a new match could start: near the end of the text.
                 pos = self.text.find(w, max(0, self.sent_chars - len(w)))

@@ -9,10 +9,9 @@ from spec_decode.proposers import DraftModelProposer, HybridProposer, NgramPropo
 from spec_decode.request import GenerationRequest
 from spec_decode.sampling import SamplingParams
 from spec_decode.scorer import TargetScorer
-from tests.helpers import CharTokenizer
 
 
-def test_self_draft_greedy_equals_plain_greedy(tiny_lm):
+def test_self_draft_greedy_equals_plain_greedy(tiny_lm, real_tokenizer):
     """Draft LM = target, greedy: every draft is accepted and the output equals greedy decoding."""
     prompt = [5, 17, 3]
     with torch.inference_mode():
@@ -22,7 +21,7 @@ def test_self_draft_greedy_equals_plain_greedy(tiny_lm):
     step = LocalStep({"draft": draft, "ngram": NgramProposer(), "suffix": suffix,
                       "hybrid": HybridProposer(suffix, draft)}, TargetScorer(CachedCausalLM(tiny_lm)))
     for method in ("none", "ngram", "suffix", "hybrid", "draft"):
-        gen = Generation(7, prompt, GenerationRequest("x", 20, speculative_method=method), CharTokenizer(), [],
+        gen = Generation(7, prompt, GenerationRequest("x", 20, speculative_method=method), real_tokenizer, [],
                          256, 0)
         run_local(gen, step)
         assert gen.output_ids == ref, method
@@ -30,18 +29,18 @@ def test_self_draft_greedy_equals_plain_greedy(tiny_lm):
     assert len(step.scorer.lm) == 0  # run_local released the caches
 
 
-def test_seeded_sampling_is_reproducible(tiny_lm):
+def test_seeded_sampling_is_reproducible(tiny_lm, real_tokenizer):
     step = LocalStep({"draft": DraftModelProposer(CachedCausalLM(tiny_lm))}, TargetScorer(CachedCausalLM(tiny_lm)))
     outs = []
     for seed in (1, 1, 2):
         req = GenerationRequest("x", 16, temperature=0.8, speculative_method="draft")
-        gen = Generation(seed, [1, 2], req, CharTokenizer(), [], 256, seed)
+        gen = Generation(seed, [1, 2], req, real_tokenizer, [], 256, seed)
         run_local(gen, step)
         outs.append(gen.output_ids)
     assert outs[0] == outs[1] and outs[0] != outs[2]
 
 
-def test_draft_and_target_apply_the_same_sampling_transforms(tiny_lm):
+def test_draft_and_target_apply_the_same_sampling_transforms(tiny_lm, real_tokenizer):
     """Self-draft under temperature, top-k and top-p: the draft's rows are the target's, so every draft is accepted."""
     params = SamplingParams(temperature=0.7, top_k=20, top_p=0.9, seed=3)
     prompt = [5, 17, 3, 9]
@@ -54,6 +53,6 @@ def test_draft_and_target_apply_the_same_sampling_transforms(tiny_lm):
 
     step = LocalStep({"draft": draft}, scorer)
     req = GenerationRequest("x", 24, temperature=0.7, top_k=20, top_p=0.9, random_seed=3, speculative_method="draft")
-    gen = Generation(2, prompt, req, CharTokenizer(), [], 256, 3)
+    gen = Generation(2, prompt, req, real_tokenizer, [], 256, 3)
     run_local(gen, step)
     assert gen.stats.accepted_tokens == gen.stats.draft_tokens > 0

@@ -50,6 +50,9 @@ class GenerateBackend:
         self.pb = pb_utils
         self.settings = s = GenerateSettings.from_params(params)
         self.tokenizer = load_tokenizer(resolve_model_path(s.tokenizer_path))
+        if getattr(self.tokenizer, "backend_tokenizer", None) is None:
+            raise ValueError(f"config parameter 'tokenizer_path': {s.tokenizer_path!r} has no fast tokenizer "
+                             f"(tokenizer.json), which streaming needs")
         # "auto", as draft_model_path "auto": the distilled default draft, when built
         draft_lm = s.draft_model_available == "true" or (s.draft_model_available == "auto" and default_draft_ready())
         methods = offered_methods(draft_lm)

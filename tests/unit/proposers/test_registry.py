@@ -54,7 +54,8 @@ def with_echo(monkeypatch):
     return echo
 
 
-def test_a_new_proposer_is_served_with_its_config_parameter_and_offered_to_clients(with_echo, tiny_lm, tmp_path):
+def test_a_new_proposer_is_served_with_its_config_parameter_and_offered_to_clients(with_echo, tiny_lm, tmp_path,
+                                                                                  real_tokenizer):
     """The README's example, registered: draft_model builds it from echo_period, a round's rows that name it go to one
     propose call, generate offers and accepts it, and greedy output through the served backends is still the target's
     own greedy output."""
@@ -65,7 +66,6 @@ def test_a_new_proposer_is_served_with_its_config_parameter_and_offered_to_clien
     from spec_decode.serving.target_model import TargetBackend
     from spec_decode.serving.verifier_model import VerifierBackend
     from spec_decode.settings import GenerateSettings
-    from tests.helpers import CharTokenizer
 
     assert "echo_period" in registry.config_parameters()
     methods = registry.offered_methods(draft_lm_available=False)
@@ -83,7 +83,7 @@ def test_a_new_proposer_is_served_with_its_config_parameter_and_offered_to_clien
     ensemble = LocalEnsemble(draft, TargetBackend({"model_path": str(tmp_path / "tiny"), "device": "cpu"}),
                              VerifierBackend({"backend": "torch", "num_threads": "0"}))
     prompts = [[5, 17, 3, 5, 17], [40, 41, 40, 41, 40, 41]]
-    gens = [Generation(i + 1, p, GenerationRequest("x", 24, speculative_method="echo"), CharTokenizer(), [], 256, 0)
+    gens = [Generation(i + 1, p, GenerationRequest("x", 24, speculative_method="echo"), real_tokenizer, [], 256, 0)
             for i, p in enumerate(prompts)]
     while not all(g.finished for g in gens):
         live = [g for g in gens if not g.finished]

@@ -11,10 +11,9 @@ from spec_decode.request import GenerationRequest
 from spec_decode.sampling import SamplingParams
 from spec_decode.serving.triton_step import TritonStep
 from tests.fake_pb_utils import FakePbUtils, InferenceRequest, InferenceResponse, Tensor, TritonError
-from tests.helpers import CharTokenizer
 
 
-def test_rounds_without_drafts_skip_draft_model():
+def test_rounds_without_drafts_skip_draft_model(real_tokenizer):
     """generate's transport: a round in which no sequence drafts goes to score_step (target_model -> verifier, empty
     drafts); a round with one drafting sequence, and every release, goes through spec_step."""
 
@@ -43,12 +42,12 @@ def test_rounds_without_drafts_skip_draft_model():
     assert "num_draft_tokens" not in sent[-1].inputs and all(r.num_draft_tokens == 0 for r in results)
     asyncio.run(step.run_batch([plain, drafting]))
     assert sent[-1].model == "spec_step" and sent[-1].inputs["num_draft_tokens"].ravel().tolist() == [0, 4]
-    gen = Generation(9, [3, 4], GenerationRequest("x", 4, speculative_method="none"), CharTokenizer(), [], 256, 1)
+    gen = Generation(9, [3, 4], GenerationRequest("x", 4, speculative_method="none"), real_tokenizer, [], 256, 1)
     asyncio.run(step.release(gen))
     assert sent[-1].model == "spec_step" and bool(sent[-1].inputs["release"].all())
 
 
-def test_a_release_that_fails_during_a_reload_is_sent_again_after_the_next_one():
+def test_a_release_that_fails_during_a_reload_is_sent_again_after_the_next_one(real_tokenizer):
     """While a model of the ensemble reloads, releases fail and the other models keep the caches: such a release is
     kept and sent again, in chunks of the ensemble's batch size, after the next release that succeeds. A release that
     fails while every model is ready (bad input) is dropped, so it cannot block later ones."""
@@ -73,7 +72,7 @@ def test_a_release_that_fails_during_a_reload_is_sent_again_after_the_next_one()
     sent = _Bls.sent
     rows = lambda: [r.inputs["sequence_id"].ravel().tolist() for r in sent]  # noqa: E731
     step = TritonStep(_Pb, max_batch_size=2)
-    gens = [Generation(i, [3, 4], GenerationRequest("x", 4, speculative_method="none"), CharTokenizer(), [], 256, 1)
+    gens = [Generation(i, [3, 4], GenerationRequest("x", 4, speculative_method="none"), real_tokenizer, [], 256, 1)
             for i in range(1, 6)]
     for g in gens[:3]:
         asyncio.run(step.release(g))  # the ensemble is not ready: each is tried once and kept
