@@ -241,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     from spec_decode.server import TritonServer, draft_overrides, prepare_repository
+    from spec_decode.settings import GenerateSettings
 
     from .datasets import humaneval_prompts
     from .generate import stream_generate
@@ -255,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="draft LM folder for speculative_method=draft and hybrid's fallback (default: $DRAFT_MODEL, "
                          "else the distilled default draft when `make draft` has built it)")
     ap.add_argument("--concurrency", type=int, default=8, help="concurrent streams of the none server's extra run")
-    ap.add_argument("--default-method", default="suffix", help="the repository's default_speculative_method")
+    ap.add_argument("--default-method", default=GenerateSettings.default_speculative_method,
+                    help="the repository's default_speculative_method (default: the shipped one)")
     ap.add_argument("--output", type=Path, default=Path("results/bench.json"))
     ap.add_argument("--url", help="use an already running server (gRPC host:port) instead of starting one per method")
     args = ap.parse_args(argv)

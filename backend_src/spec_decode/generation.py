@@ -54,11 +54,6 @@ class GenerationStats:
     accepted_tokens: int = 0
     emitted_tokens: int = 0
 
-    @property
-    def mean_tokens_per_step(self) -> float:
-        """emitted tokens / steps."""
-        return self.emitted_tokens / self.steps if self.steps else 0.0
-
 
 class Generation:
     """State of one request's generation (no I/O).

@@ -22,11 +22,6 @@ class TargetScorer:
     def __init__(self, lm: CachedCausalLM):
         self.lm = lm
 
-    @property
-    def vocab_size(self) -> int:
-        """V, the target's vocabulary size."""
-        return self.lm.vocab_size
-
     def score(
         self, seq_id: int, token_ids: list[int], draft_token_ids: list[int], params: SamplingParams
     ) -> torch.Tensor:

@@ -10,7 +10,7 @@ from spec_decode.request import GenerationRequest
 from spec_decode.settings import InvalidInputError
 
 
-def _gen(tok, text_ids, **kw):
+def _gen(tok, **kw):
     req = GenerationRequest("p", kw.pop("max_tokens", 100), speculative_method="ngram", **kw)
     return Generation(1, tok("hello")["input_ids"], req, tok, [tok.eos_token_id], 2048, 0)
 
@@ -26,7 +26,7 @@ def _run(gen, ids, per_step=5):
 
 def test_max_tokens_inside_an_accepted_run(real_tokenizer):
     ids = real_tokenizer(" one two three four five six seven eight nine ten")["input_ids"]
-    gen = _gen(real_tokenizer, ids, max_tokens=7)
+    gen = _gen(real_tokenizer, max_tokens=7)
     chunks = _run(gen, ids)
     assert gen.output_ids == ids[:7] and sum(len(c.token_ids) for c in chunks) == 7
     assert gen.finish_reason == "length" and chunks[-1].finished
@@ -35,7 +35,7 @@ def test_max_tokens_inside_an_accepted_run(real_tokenizer):
 
 def test_end_id_inside_an_accepted_run_is_not_emitted(real_tokenizer):
     ids = real_tokenizer(" alpha beta gamma delta epsilon zeta eta theta")["input_ids"]
-    gen = _gen(real_tokenizer, ids, end_id=ids[6])
+    gen = _gen(real_tokenizer, end_id=ids[6])
     chunks = _run(gen, ids)
     assert gen.output_ids == ids[:6] and gen.finish_reason == "stop"
     assert "".join(c.text for c in chunks) == real_tokenizer.decode(ids[:6])
@@ -44,10 +44,10 @@ def test_end_id_inside_an_accepted_run_is_not_emitted(real_tokenizer):
 def test_eos_stops_unless_ignore_eos(real_tokenizer):
     ids = real_tokenizer(" alpha beta gamma delta")["input_ids"]
     ids = ids[:2] + [real_tokenizer.eos_token_id] + ids[2:]
-    gen = _gen(real_tokenizer, ids)
+    gen = _gen(real_tokenizer)
     _run(gen, ids)
     assert gen.output_ids == ids[:2] and gen.finish_reason == "stop"
-    gen = _gen(real_tokenizer, ids, ignore_eos=True, max_tokens=len(ids))
+    gen = _gen(real_tokenizer, ignore_eos=True, max_tokens=len(ids))
     _run(gen, ids)
     assert gen.output_ids == ids and gen.finish_reason == "length"
 
@@ -55,7 +55,7 @@ def test_eos_stops_unless_ignore_eos(real_tokenizer):
 def test_stop_word_cuts_text_and_nothing_after_is_sent(real_tokenizer):
     text = " red green blue STOP yellow purple"
     ids = real_tokenizer(text)["input_ids"]
-    gen = _gen(real_tokenizer, ids, stop_words=[" STOP"])
+    gen = _gen(real_tokenizer, stop_words=[" STOP"])
     chunks = _run(gen, ids, per_step=4)
     out = "".join(c.text for c in chunks)
     assert out == " red green blue" and gen.finish_reason == "stop"
@@ -64,7 +64,7 @@ def test_stop_word_cuts_text_and_nothing_after_is_sent(real_tokenizer):
 
 def test_stop_word_prefix_is_held_back_until_resolved(real_tokenizer):
     ids = real_tokenizer(" a\n b\n\n c")["input_ids"]
-    gen = _gen(real_tokenizer, ids, stop_words=["\n\n"])
+    gen = _gen(real_tokenizer, stop_words=["\n\n"])
     chunks = _run(gen, ids, per_step=1)
     assert "".join(c.text for c in chunks) == " a\n b"
     assert all("\n\n" not in c.text for c in chunks)
@@ -73,7 +73,7 @@ def test_stop_word_prefix_is_held_back_until_resolved(real_tokenizer):
 def test_utf8_never_broken_across_chunks(real_tokenizer):
     text = " caf\u00e9 \U0001F600\U0001F680 na\u00efve \u4f60\u597d"
     ids = real_tokenizer(text)["input_ids"]
-    gen = _gen(real_tokenizer, ids)
+    gen = _gen(real_tokenizer)
     chunks = _run(gen, ids, per_step=1)
     assert all("\ufffd" not in c.text for c in chunks)
     assert "".join(c.text for c in chunks) == real_tokenizer.decode(ids)

@@ -93,22 +93,6 @@ def test_greedy_output_with_the_trained_draft_equals_the_target(tiny_draft, real
     assert gen.stats.draft_tokens > 0
 
 
-def test_auto_draft_path_is_the_distilled_draft_only_when_built(tmp_path, monkeypatch):
-    from spec_decode.model_loading import default_draft_dir, resolve_draft_path
-
-    monkeypatch.setenv("SPEC_DECODE_CACHE", str(tmp_path))
-    assert resolve_draft_path("auto") is None  # not built: the server serves model-free proposers
-    d = default_draft_dir()
-    d.mkdir(parents=True)
-    (d / "config.json").write_text("{}")
-    assert resolve_draft_path("auto") is None  # unfinished (no train_draft.json report)
-    (d / "train_draft.json").write_text("{}")
-    assert resolve_draft_path("auto") == d
-    assert resolve_draft_path("") is None
-    with pytest.raises(FileNotFoundError):
-        resolve_draft_path(str(tmp_path / "missing"))
-
-
 def test_evaluate_steps_drafts_as_live_greedy_decoding():
     # Draft matches the target at positions 0,1,4,5,6,7,8 of 10: live steps (k = 4) accept 2, 0, 4, 0 drafts.
     from types import SimpleNamespace

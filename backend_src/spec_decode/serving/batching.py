@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 
+from ..settings import ConfigSettings, warn_unknown_parameters
+from .metrics import Metrics
 from .step_inputs import is_release
 
 
@@ -71,10 +73,29 @@ def run_batched(inputs_list: list[dict], plan: Callable, run_group: Callable) ->
 class BatchedBackend:
     """``run``/``run_batch`` of a step model whose rows share batched calls.
 
-    Subclasses define ``metrics`` (a :class:`~.metrics.Metrics`), ``_plan(inputs)`` (outputs, or a :class:`Work`),
-    ``_run_group(group, args list)`` (one batched call), and may override ``_refresh_gauges()`` (after every execute)
-    and ``_is_release(inputs)``.
+    Args:
+        params: the model's config.pbtxt parameters (name -> string value): ``self.settings`` is ``Settings`` built
+            from them; a parameter neither it nor ``extra_parameters`` names is warned about.
+        metrics: where the model's metrics go (default: kept in the process only).
+        extra_parameters: further parameter keys the model reads (draft_model: its proposers').
+
+    Class attributes:
+        MODEL: the model's name in the repository. Settings: its settings class (:mod:`spec_decode.settings`).
+
+    Subclasses define ``_plan(inputs)`` (outputs, or a :class:`Work`), ``_run_group(group, args list)`` (one batched
+    call), and may override ``_refresh_gauges()`` (after every execute) and ``_is_release(inputs)``.
+
+    Raises:
+        ValueError: (construction) a config parameter out of range (named).
     """
+
+    MODEL: str = ""
+    Settings: type[ConfigSettings] = ConfigSettings
+
+    def __init__(self, params: dict[str, str], metrics: Metrics | None = None, extra_parameters=()):
+        warn_unknown_parameters(self.MODEL, params, {*self.Settings.parameter_names(), *extra_parameters})
+        self.metrics = metrics if metrics is not None else Metrics()
+        self.settings = self.Settings.from_params(params)
 
     def run(self, inputs: dict) -> dict:
         """Serve one row alone.

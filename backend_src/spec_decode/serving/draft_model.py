@@ -18,7 +18,7 @@ import torch
 
 from ..proposers import NO_SPECULATION, Proposal, build_proposers
 from ..proposers.registry import config_parameters
-from ..settings import DraftModelSettings, warn_unknown_parameters
+from ..settings import DraftModelSettings
 from .adapter import strip_padding
 from .batching import BatchedBackend, Work
 from .metrics import Metrics
@@ -49,12 +49,10 @@ class DraftBackend(BatchedBackend):
         FileNotFoundError: a model folder that does not exist.
     """
 
-    INPUTS = DRAFT_MODEL_INPUTS
+    MODEL, Settings, INPUTS = "draft_model", DraftModelSettings, DRAFT_MODEL_INPUTS
 
     def __init__(self, params: dict[str, str], metrics: Metrics | None = None):
-        warn_unknown_parameters("draft_model", params, {*DraftModelSettings.parameter_names(), *config_parameters()})
-        self.metrics = metrics if metrics is not None else Metrics()
-        self.settings = DraftModelSettings.from_params(params)
+        super().__init__(params, metrics, config_parameters())
         self.proposers = build_proposers(params)
         self.methods = (NO_SPECULATION, *self.proposers)
         for p in self.proposers.values():

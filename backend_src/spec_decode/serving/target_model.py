@@ -15,7 +15,7 @@ import torch
 
 from ..model_loading import load_cached_lm, resolve_model_path
 from ..scorer import TargetScorer
-from ..settings import TargetSettings, warn_unknown_parameters
+from ..settings import TargetSettings
 from .adapter import strip_padding
 from .batching import BatchedBackend, Work
 from .metrics import Metrics
@@ -38,12 +38,10 @@ class TargetBackend(BatchedBackend):
         FileNotFoundError: a model folder that does not exist.
     """
 
-    INPUTS = TARGET_MODEL_INPUTS
+    MODEL, Settings, INPUTS = "target_model", TargetSettings, TARGET_MODEL_INPUTS
 
     def __init__(self, params: dict[str, str], metrics: Metrics | None = None):
-        warn_unknown_parameters("target_model", params, set(TargetSettings.parameter_names()))
-        self.metrics = metrics if metrics is not None else Metrics()
-        self.settings = TargetSettings.from_params(params)
+        super().__init__(params, metrics)
         self.lm = load_cached_lm(resolve_model_path(self.settings.model_path), self.settings)
         self.scorer = TargetScorer(self.lm)
         self._refresh_gauges()

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import torch
 
-from ..settings import VerifierSettings, warn_unknown_parameters
+from ..settings import VerifierSettings
 from ..verifier import Verifier, VerifierRow
 from .adapter import strip_padding
 from .batching import BatchedBackend, Work
@@ -39,15 +39,13 @@ class VerifierBackend(BatchedBackend):
         ValueError: a config parameter out of range (named).
     """
 
-    INPUTS = VERIFIER_INPUTS
+    MODEL, Settings, INPUTS = "verifier", VerifierSettings, VERIFIER_INPUTS
 
     def __init__(self, params: dict[str, str], metrics: Metrics | None = None):
-        warn_unknown_parameters("verifier", params, set(VerifierSettings.parameter_names()))
-        settings = VerifierSettings.from_params(params)
-        if settings.num_threads > 0:  # its CPU work is small: more threads only spin against the target's
-            torch.set_num_threads(settings.num_threads)
-        self.metrics = metrics if metrics is not None else Metrics()
-        self.verifier = Verifier(settings)
+        super().__init__(params, metrics)
+        if self.settings.num_threads > 0:  # its CPU work is small: more threads only spin against the target's
+            torch.set_num_threads(self.settings.num_threads)
+        self.verifier = Verifier(self.settings)
 
     @staticmethod
     def _row(inputs: dict) -> VerifierRow:

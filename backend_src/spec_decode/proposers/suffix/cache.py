@@ -104,11 +104,6 @@ class SuffixCache:
         self._cached_token_count = 0
 
     @property
-    def active_requests(self):
-        """Ids of requests between start_request and stop_request."""
-        return self._local.keys()
-
-    @property
     def cached_requests(self) -> int:
         """Number of responses in the global tree."""
         return len(self._cached)
