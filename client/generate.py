@@ -171,8 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--prompts-file", help="file with one prompt per line, or JSON Lines with a 'prompt' key")
     src.add_argument("--humaneval", type=int, metavar="N", help="the first N HumanEval prompts")
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--method", dest="speculative_method", choices=["none", "ngram", "suffix", "hybrid", "draft"],
-                    default=None, help="speculative_method (server default when omitted)")
+    ap.add_argument("--method", dest="speculative_method", default=None,
+                    help="speculative_method: none, or a proposer the server serves (ngram, suffix, hybrid, draft, "
+                         "...; its error lists them); the server's default when omitted")
     ap.add_argument("--acceptance", dest="acceptance_method", choices=["rejection", "typical"], default=None,
                     help="acceptance_method: rejection (lossless, default) or typical (faster, not lossless)")
     ap.add_argument("--num-draft-tokens", type=int, default=None)

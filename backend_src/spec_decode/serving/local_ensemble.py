@@ -2,8 +2,8 @@
 
 :class:`LocalEnsemble` runs a round of steps (one per sequence) through :class:`~.draft_model.DraftBackend`,
 :class:`~.target_model.TargetBackend` and :class:`~.verifier_model.VerifierBackend` with the tensors laid out as they
-cross the real ensemble: generate's request stacks the round's rows and pads them with -1
-(:func:`~.adapter.stack_rows`), each model gets one inputs dict per row (as :func:`~.adapter.read_rows` gives it),
+cross the real ensemble: generate's request (:func:`~.step_inputs.round_inputs`: the round's rows stacked and
+padded with -1), each model gets one inputs dict per row (as :func:`~.adapter.read_rows` gives it),
 draft_model and target_model serve the round through ``run_batch`` (one batched forward each), the verifier in one
 call, and each model's outputs are stacked and padded to the round's largest k before the next model reads them. A
 round without drafts skips draft_model, as generate's ``score_step`` ensemble does.
@@ -18,11 +18,7 @@ import numpy as np
 
 from ..protocol import StepInputs, StepResult
 from .adapter import stack_rows, strip_padding
-
-
-def _col(value, dtype) -> np.ndarray:
-    """A row's [1] tensor (one element of a [batch, 1] input)."""
-    return np.array([value], dtype)
+from .step_inputs import round_inputs
 
 
 def _stack(outputs: list[dict], name: str):
@@ -50,25 +46,14 @@ class LocalEnsemble:
     def __init__(self, draft, target, verifier):
         self.draft, self.target, self.verifier = draft, target, verifier
 
-    def _rows(self, inps: list[StepInputs], release: bool) -> list[dict]:
-        ids = stack_rows([np.asarray(i.token_ids, np.int64) for i in inps])
-        return [{
-            "sequence_id": _col(i.seq_id, np.uint64), "token_ids": ids[row],
-            "num_draft_tokens": _col(i.num_draft_tokens, np.int32),
-            "speculative_method": _col(i.method.encode(), np.object_),
-            "temperature": _col(i.params.temperature, np.float32), "top_k": _col(i.params.top_k, np.int32),
-            "top_p": _col(i.params.top_p, np.float32), "random_seed": _col(i.params.seed, np.int64),
-            "seeded": _col(i.params.seeded, np.bool_), "step": _col(i.step, np.int64),
-            "release": _col(release, np.bool_), "acceptance_method": _col(i.acceptance_method.encode(), np.object_),
-        } for row, i in enumerate(inps)]
-
     def _run(self, inps: list[StepInputs], release: bool) -> list[dict]:
-        rows = self._rows(inps, release)
-        if release or any(i.drafts for i in inps):
+        inputs = round_inputs(inps, release)
+        rows = [{name: v[row] for name, v in inputs.items()} for row in range(len(inps))]
+        if "num_draft_tokens" in inputs:
             drafted = _raise_first(self.draft.run_batch(rows))
             draft_ids, draft_probs = _stack(drafted, "draft_token_ids"), _stack(drafted, "draft_probs")
         else:  # score_step: no draft_model hop
-            draft_ids, draft_probs = np.zeros((len(inps), 0), np.int64), np.zeros((len(inps), 0, 0), np.float32)
+            draft_ids, draft_probs = inputs["draft_token_ids"], inputs["draft_probs"]
         for row, r in enumerate(rows):
             r["draft_token_ids"], r["draft_probs"] = draft_ids[row], draft_probs[row]
         target_probs = _stack(_raise_first(self.target.run_batch(rows)), "target_probs")

@@ -1,4 +1,4 @@
-"""Decoding the step protocol's inputs: one sequence's row of a step model's request, checked once.
+"""The step protocol on the wire: a round's inputs as generate sends them, and one row decoded and checked once.
 
 The step models (draft_model, target_model, verifier) get their inputs from generate's rounds, but spec_step and
 score_step are reachable by any client too, so every value is checked here, by the rules of
@@ -12,9 +12,10 @@ import numpy as np
 import torch
 
 from ..proposers import NO_SPECULATION, ProposalRequest
+from ..protocol import StepInputs
 from ..sampling import SamplingParams
 from ..settings import InvalidInputError, check_acceptance_method, in_range, one_of
-from .adapter import strip_padding
+from .adapter import stack_rows, strip_padding
 
 DRAFT_MODEL_INPUTS = ("sequence_id", "token_ids", "num_draft_tokens", "speculative_method", "temperature", "top_k",
                       "top_p", "random_seed", "seeded", "step", "release")
@@ -23,6 +24,38 @@ VERIFIER_INPUTS = ("target_probs", "draft_token_ids", "draft_probs", "temperatur
                    "acceptance_method")
 
 _REQUIRED = object()
+
+
+def round_inputs(inps: list[StepInputs], release: bool) -> dict[str, np.ndarray]:
+    """The inputs of a round's request to the step ensembles, one row per sequence ([B, 1] values, token ids [B, L]
+    padded with -1): what generate sends (:class:`~.triton_step.TritonStep`) and the in-process ensemble splits into
+    rows (:class:`~.local_ensemble.LocalEnsemble`).
+
+    A round in which some sequence drafts, and a release, carry ``num_draft_tokens``, ``speculative_method`` and
+    ``seeded`` for draft_model (``spec_step``); a round in which none drafts carries empty ``draft_token_ids`` [B, 0]
+    and ``draft_probs`` [B, 0, 0] instead (``score_step``: no draft_model).
+    """
+    col = lambda values, dtype: np.array([[v] for v in values], dtype)  # noqa: E731 - [batch, 1]
+    params = [i.params for i in inps]
+    out = {
+        "sequence_id": col([i.seq_id for i in inps], np.uint64),
+        "token_ids": stack_rows([np.asarray(i.token_ids, np.int64) for i in inps]),
+        "temperature": col([p.temperature for p in params], np.float32),
+        "top_k": col([p.top_k for p in params], np.int32),
+        "top_p": col([p.top_p for p in params], np.float32),
+        "random_seed": col([p.seed for p in params], np.int64),
+        "step": col([i.step for i in inps], np.int64),
+        "release": col([release] * len(inps), np.bool_),
+        "acceptance_method": col([i.acceptance_method.encode() for i in inps], np.object_),
+    }
+    if release or any(i.drafts for i in inps):
+        out["num_draft_tokens"] = col([i.num_draft_tokens for i in inps], np.int32)
+        out["speculative_method"] = col([i.method.encode() for i in inps], np.object_)
+        out["seeded"] = col([p.seeded for p in params], np.bool_)
+    else:
+        out["draft_token_ids"] = np.zeros((len(inps), 0), np.int64)
+        out["draft_probs"] = np.zeros((len(inps), 0, 0), np.float32)
+    return out
 
 
 def scalar(inputs: dict, name: str, default=_REQUIRED):

@@ -11,11 +11,10 @@ import asyncio
 import logging
 import traceback
 
-import numpy as np
-
 from ..generation import Generation
 from ..protocol import StepInputs, StepResult
-from .adapter import stack_rows, strip_padding
+from .adapter import strip_padding
+from .step_inputs import round_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -54,34 +53,14 @@ class TritonStep:
 
     def _request(self, inps: list[StepInputs], release: bool):
         """The BLS request of a round and the ensemble it goes to: ``spec_step``, or ``score_step`` (no draft_model
-        hop) when no row drafts. Returns (model name, request)."""
-        pb = self.pb
-        col = lambda values, dtype: np.array([[v] for v in values], dtype)  # noqa: E731 - [batch, 1]
-        params = [i.params for i in inps]
-        ids = stack_rows([np.asarray(i.token_ids, np.int64) for i in inps])
-        tensors = [
-            pb.Tensor("sequence_id", col([i.seq_id for i in inps], np.uint64)),
-            pb.Tensor("token_ids", ids),
-            pb.Tensor("temperature", col([p.temperature for p in params], np.float32)),
-            pb.Tensor("top_k", col([p.top_k for p in params], np.int32)),
-            pb.Tensor("top_p", col([p.top_p for p in params], np.float32)),
-            pb.Tensor("random_seed", col([p.seed for p in params], np.int64)),
-            pb.Tensor("step", col([i.step for i in inps], np.int64)),
-            pb.Tensor("release", col([release] * len(inps), np.bool_)),
-            pb.Tensor("acceptance_method", col([i.acceptance_method.encode() for i in inps], np.object_)),
-        ]
-        if release or any(i.drafts for i in inps):
+        hop) when no row drafts (:func:`~.step_inputs.round_inputs`). Returns (model name, request)."""
+        inputs = round_inputs(inps, release)
+        if "num_draft_tokens" in inputs:
             model, outputs = self.model_name, ["output_ids", "output_log_probs", "draft_token_ids"]
-            tensors += [
-                pb.Tensor("num_draft_tokens", col([i.num_draft_tokens for i in inps], np.int32)),
-                pb.Tensor("speculative_method", col([i.method.encode() for i in inps], np.object_)),
-                pb.Tensor("seeded", col([p.seeded for p in params], np.bool_)),
-            ]
         else:
             model, outputs = self.plain_model_name, ["output_ids", "output_log_probs"]
-            tensors += [pb.Tensor("draft_token_ids", np.zeros((len(inps), 0), np.int64)),
-                        pb.Tensor("draft_probs", np.zeros((len(inps), 0, 0), np.float32))]
-        return model, pb.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=outputs)
+        tensors = [self.pb.Tensor(name, value) for name, value in inputs.items()]
+        return model, self.pb.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=outputs)
 
     async def _exec(self, inps: list[StepInputs]) -> list[StepResult]:
         model, request = self._request(inps, release=False)
