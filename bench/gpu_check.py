@@ -80,6 +80,7 @@ sys.path.insert(0, str(ROOT / "backend_src"))
 
 import numpy as np  # noqa: E402
 
+from spec_decode.settings import TYPICAL_ALPHA, TYPICAL_EPSILON  # noqa: E402
 from spec_decode.verifier import rejection_sample, typical_acceptance_sample  # noqa: E402
 from spec_decode.verifier.kernels import rejection_triton, typical_triton  # noqa: E402
 from spec_decode.verifier.torch_impl import rejection_torch, typical_torch  # noqa: E402
@@ -87,9 +88,9 @@ from spec_decode.verifier.torch_impl import rejection_torch, typical_torch  # no
 CUDA = ARGS.device == "cuda"
 DEV = torch.device("cuda" if CUDA else "cpu")
 torch.set_float32_matmul_precision("highest")  # float32 GEMMs in IEEE float32 (no TF32): the exact greedy check
-EPS, ALPHA = 0.09, 0.3  # typical acceptance's defaults (verifier/config.pbtxt)
+EPS, ALPHA = TYPICAL_EPSILON, TYPICAL_ALPHA  # typical acceptance's defaults
 
-# Sizes: the on CUDA; tiny on CPU (the interpreter runs a program in numpy, one at a time).
+# Sizes: the full ones on CUDA; tiny on CPU (the interpreter runs a program in numpy, one at a time).
 if CUDA:
     VOCABS, KS, BATCHES, DTYPES = (49152, 128256, 151936), (1, 4, 8), (1, 8, 64), (torch.float32, torch.bfloat16)
     DIST_ROWS, DIST_V, DIST_K = 1 << 20, 16, 3

@@ -20,8 +20,9 @@ length):
    (``prompt_lookup_num_tokens=k``) and assisted generation with the same draft (its pruned vocabulary scattered back
    to the target's, see :func:`full_vocab_draft`).
 
-Prints the tables and the goals of issue 7, saves JSON and two PNG plots (tokens/s against concurrency per method;
-the distribution of tokens per step per method). Ratios compare numbers measured in this one run.
+Prints the tables and the speed goals (README, "Benchmarks"), saves JSON and two PNG plots (tokens/s against
+concurrency per method; the distribution of tokens per step per method). Ratios compare numbers measured in this one
+run.
 
     python bench/serving.py --output results/serving.json
 """

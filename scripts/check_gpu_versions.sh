@@ -9,8 +9,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv-gpu-versions}
-PYTHON312=${PYTHON312:-$(command -v python3.12 || ls "$HOME"/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | head -1)}
-if [ -z "$PYTHON312" ]; then
+if [ -z "${PYTHON312:-}" ]; then  # the first python3.12 that runs (a pyenv shim may exist without a global 3.12)
+  for cand in $(command -v python3.12) "$HOME"/.pyenv/versions/3.12*/bin/python3.12; do
+    if [ -x "$cand" ] && "$cand" -c pass 2>/dev/null; then PYTHON312=$cand; break; fi
+  done
+fi
+if [ -z "${PYTHON312:-}" ]; then
   echo "no python3.12 found: set PYTHON312" >&2
   exit 1
 fi

@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 ACCEPTANCE_METHODS = ("rejection", "typical")
 K_SCHEDULES = ("constant", "heuristic")  # spec_decode.proposers.schedule
 VERIFIER_BACKENDS = ("auto", "triton", "torch")  # spec_decode.verifier.rejection
+TYPICAL_EPSILON, TYPICAL_ALPHA = 0.09, 0.3  # typical acceptance's defaults (Medusa, vLLM)
 FLOAT32_MAX = 3.4028234663852886e38
 
 
@@ -247,8 +248,8 @@ class VerifierSettings(ConfigSettings):
     """
 
     acceptance_method: str = "rejection"
-    typical_epsilon: float = 0.09
-    typical_alpha: float = 0.3
+    typical_epsilon: float = TYPICAL_EPSILON
+    typical_alpha: float = TYPICAL_ALPHA
     backend: str = "auto"
     num_threads: int = 1
 

@@ -16,7 +16,7 @@ import os
 import torch
 
 from ..sampling import generator_for
-from ..settings import VERIFIER_BACKENDS, check_typical_parameters, one_of
+from ..settings import TYPICAL_ALPHA, TYPICAL_EPSILON, VERIFIER_BACKENDS, check_typical_parameters, one_of
 from .torch_impl import _first_rejection, rejection_torch, typical_torch
 
 _UNIFORM, _RACE = 1, 2  # noise purposes mixed into a seeded row's generator seed
@@ -196,8 +196,8 @@ def typical_acceptance_sample(
     target_probs: torch.Tensor,
     draft_token_ids: torch.Tensor,
     *,
-    posterior_threshold: float = 0.09,
-    posterior_alpha: float = 0.3,
+    posterior_threshold: float = TYPICAL_EPSILON,
+    posterior_alpha: float = TYPICAL_ALPHA,
     seeds: torch.Tensor | None = None,
     is_greedy: torch.Tensor | None = None,
     backend: str = "auto",
