@@ -24,6 +24,14 @@ def tiny_lm():
 
 
 @pytest.fixture(scope="session")
+def tiny_dir(tiny_lm, tmp_path_factory):
+    """The tiny random Llama saved as a model folder (what the step models' settings name)."""
+    path = tmp_path_factory.mktemp("tiny") / "tiny"
+    tiny_lm.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def real_model_dir():
     """Folder of the embedded default target (SmolLM2-135M-Instruct), converted once."""
     from spec_decode.model_loading import prepare_default_model

@@ -8,11 +8,12 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from client.generate import build_inputs, stream_generate
+from spec_decode.proposers import METHODS
 
 N_TOKENS = 64  # greedy_references (conftest.py) holds this many tokens per prompt
 
 
-@pytest.mark.parametrize("method", ["none", "ngram", "draft", "suffix", "hybrid"])
+@pytest.mark.parametrize("method", METHODS)  # every registered proposer (the session's server has a draft LM)
 def test_greedy_output_equals_target_greedy(server, greedy_references, method):
     for prompt, ref in greedy_references:
         r = stream_generate(server.grpc_url, prompt, N_TOKENS, speculative_method=method, num_draft_tokens=4)

@@ -14,6 +14,7 @@ from tritonclient.utils import InferenceServerException
 from client.datasets import humaneval_prompts
 from client.generate import build_inputs, stream_generate
 from client.metrics import scrape, value, wait_for
+from spec_decode.proposers import METHODS
 from spec_decode.sampling import SamplingParams, logits_to_probs
 
 CACHES = ("spec_decode_running_sequences", "spec_decode_target_kv_cache_sequences",
@@ -278,7 +279,7 @@ def test_soak_random_cancellations_leave_caches_empty_and_memory_flat(server, tm
     from client.soak import run_soak
 
     report = run_soak(server.grpc_url, server.metrics_url, requests=200, concurrency=8, cancel_fraction=0.3, seed=1,
-                      rss=server.model_rss, warmup=40, max_tokens=(2, 16))
+                      methods=METHODS, rss=server.model_rss, warmup=40, max_tokens=(2, 16))
     print("\nsoak report:", json.dumps(report, indent=1))
     (tmp_path / "soak.json").write_text(json.dumps(report, indent=1))
     assert report["outcomes"]["error"] == 0, report["errors"]

@@ -5,27 +5,32 @@ import torch
 from spec_decode.generation import Generation
 from spec_decode.in_process import LocalStep, run_local
 from spec_decode.kv_cache import CachedCausalLM
-from spec_decode.proposers import DraftModelProposer, HybridProposer, NgramProposer, SuffixProposer
+from spec_decode.proposers import METHODS, DraftModelProposer, build_proposers
 from spec_decode.request import GenerationRequest
 from spec_decode.sampling import SamplingParams
 from spec_decode.scorer import TargetScorer
 
 
-def test_self_draft_greedy_equals_plain_greedy(tiny_lm, real_tokenizer):
-    """Draft LM = target, greedy: every draft is accepted and the output equals greedy decoding."""
+def test_every_registered_method_equals_plain_greedy(tiny_dir, tiny_lm, real_tokenizer):
+    """Every method of the registry, its proposers built from their settings as draft_model builds them (the draft LM
+    = the target, hybrid falling back to it), greedy: the output equals plain greedy decoding; the self-draft's drafts
+    are all accepted."""
     prompt = [5, 17, 3]
     with torch.inference_mode():
         ref = tiny_lm.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
                                eos_token_id=None, pad_token_id=0)[0, 3:].tolist()
-    draft, suffix = DraftModelProposer(CachedCausalLM(tiny_lm)), SuffixProposer()
-    step = LocalStep({"draft": draft, "ngram": NgramProposer(), "suffix": suffix,
-                      "hybrid": HybridProposer(suffix, draft)}, TargetScorer(CachedCausalLM(tiny_lm)))
-    for method in ("none", "ngram", "suffix", "hybrid", "draft"):
+    served = build_proposers({"draft_model_path": str(tiny_dir), "device": "cpu", "dtype": "float32",
+                              "suffix_backend": "python", "suffix_max_cached_requests": "16",
+                              "hybrid_fallback": "draft"})
+    step = LocalStep(served, TargetScorer(CachedCausalLM(tiny_lm)))
+    stats = {}
+    for method in METHODS:
         gen = Generation(7, prompt, GenerationRequest("x", 20, speculative_method=method), real_tokenizer, [],
                          256, 0)
         run_local(gen, step)
         assert gen.output_ids == ref, method
-    assert gen.stats.accepted_tokens == gen.stats.draft_tokens > 0
+        stats[method] = gen.stats
+    assert stats["draft"].accepted_tokens == stats["draft"].draft_tokens > 0
     assert len(step.scorer.lm) == 0  # run_local released the caches
 
 

@@ -75,8 +75,9 @@ class Proposer:
             ``draft_model_available``).
         GAUGES: Prometheus gauges it exports from draft_model (name -> help), values from :meth:`gauges`.
 
-    Subclasses implement :meth:`propose`, and override :meth:`from_config`, :meth:`check`, :meth:`release`,
-    :meth:`gauges` and :meth:`k_schedule` where the defaults do not fit.
+    Subclasses implement :meth:`propose`, and override :meth:`from_config` (by default ``cls(settings)``),
+    :meth:`check`, :meth:`release`, :meth:`gauges` and :meth:`k_schedule` where the defaults do not fit. README,
+    "Adding a proposer", walks through an example.
     """
 
     name: ClassVar[str] = ""
@@ -108,8 +109,9 @@ class Proposer:
             one :class:`Proposal` per request, in order, each of at most ``request.k`` tokens.
 
         Raises:
-            ValueError: an input the proposer cannot take (fails every request of the call; :meth:`check` lets
-                draft_model fail such a request alone beforehand).
+            ValueError: an input the proposer cannot take. Any exception fails every request of the call (the rows of
+                the round that name this method; the other methods' rows are served); :meth:`check` lets draft_model
+                fail such a request alone beforehand.
         """
         raise NotImplementedError
 

@@ -25,8 +25,10 @@ def _readme_example() -> dict:
 
 
 def test_methods_follow_the_registry_and_the_draft_lm_is_offered_only_with_a_model():
-    assert registry.METHODS == ("none", "draft", "ngram", "suffix", "hybrid")
-    assert registry.offered_methods(draft_lm_available=False) == ("none", "ngram", "suffix", "hybrid")
+    """The built-in methods in their order (a proposer added later comes after them)."""
+    assert registry.METHODS == ("none", *registry.PROPOSERS)
+    assert registry.METHODS[:5] == ("none", "draft", "ngram", "suffix", "hybrid")
+    assert registry.offered_methods(draft_lm_available=False) == tuple(m for m in registry.METHODS if m != "draft")
     assert registry.offered_methods(draft_lm_available=True) == registry.METHODS
     assert isinstance(registry.k_schedule("none", "heuristic", 8), ConstantK)  # plain decoding: k stays 0
     assert isinstance(registry.k_schedule("ngram", "heuristic", 8), HeuristicK)
@@ -36,7 +38,7 @@ def test_methods_follow_the_registry_and_the_draft_lm_is_offered_only_with_a_mod
 def test_build_proposers_serves_each_registered_class_from_its_settings():
     served = registry.build_proposers({"draft_model_path": "", "ngram_min": "2", "ngram_max": "3",
                                        "suffix_backend": "python", "hybrid_fallback": "auto"})
-    assert list(served) == ["ngram", "suffix", "hybrid"]  # no draft LM: "" means none
+    assert "draft" not in served and list(served)[:3] == ["ngram", "suffix", "hybrid"]  # "" means no draft LM
     assert (served["ngram"].min_n, served["ngram"].max_n) == (2, 3)
     assert served["hybrid"].suffix is served["suffix"] and served["hybrid"].fallback is served["ngram"]
     with pytest.raises(ValueError, match="'hybrid_fallback': 'draft' is not served here"):
