@@ -19,7 +19,7 @@ def tiny_lm():
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=256)
+                      num_key_value_heads=2, max_position_embeddings=1024)
     return LlamaForCausalLM(cfg).eval()
 
 

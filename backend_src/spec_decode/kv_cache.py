@@ -79,6 +79,7 @@ class CachedCausalLM:
             raise NotImplementedError(f"CachedCausalLM supports full-attention models only; this one has layer types "
                                       f"{sorted(types)}")
         self.vocab_size = int(model.config.vocab_size)
+        self.max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 0)  # 0: no bound known
         self._cache_kw = cache_keyword(model)
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._lock = threading.Lock()
@@ -201,6 +202,9 @@ class CachedCausalLM:
         ``n_logits``."""
         if not 1 <= n_logits <= len(token_ids):
             raise InvalidInputError("n_logits", f"must be in [1, {len(token_ids)}], got {n_logits}")
+        if self.max_positions and len(token_ids) > self.max_positions:
+            raise InvalidInputError("token_ids", f"{len(token_ids)} tokens (with the drafts); the model takes at most "
+                                                 f"{self.max_positions} positions")
         if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
             raise InvalidInputError("token_ids", f"token ids must lie in [0, {self.vocab_size}), got "
                                                  f"{min(token_ids)}..{max(token_ids)}")

@@ -60,6 +60,15 @@ def resolve_draft_path(value: str | None) -> Path | None:
     return resolve_model_path(value)
 
 
+def draft_lm_configured(value: str) -> bool:
+    """Whether draft_model_path ``value`` names a draft LM (as :func:`resolve_draft_path` would find one), without
+    loading or converting anything: ``auto`` when the distilled default draft exists; ``""``/``none``: no."""
+    v = (value or "").strip().lower()
+    if v == "auto":
+        return default_draft_ready()
+    return v not in ("", "none")
+
+
 def _gguf_folder() -> Path:
     # The package's __init__ imports tools we do not install: locate it without importing it.
     spec = importlib.util.find_spec(_GGUF_PACKAGE)

@@ -12,7 +12,7 @@ import numpy as np
 
 from .proposers.registry import METHODS
 from .sampling import SamplingParams
-from .settings import GenerateSettings, InvalidInputError, check_acceptance_method, in_range, one_of
+from .settings import GenerateSettings, InvalidInputError, check_acceptance_method, decode_text, in_range, one_of
 
 MAX_STOP_WORDS = 64  # stop words are checked after every token: bounded so one request cannot slow every stream
 MAX_STOP_WORD_CHARS = 1024
@@ -85,17 +85,6 @@ def _scalar(inputs: dict, name: str, kinds: str, what: str):
     return arr.reshape(-1)[0]
 
 
-def _text(value, name: str) -> str:
-    if isinstance(value, (bytes, np.bytes_)):
-        try:
-            return bytes(value).decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise InvalidInputError(name, f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
-    if isinstance(value, str):
-        return value
-    raise InvalidInputError(name, f"expected a UTF-8 string (BYTES), got {type(value).__name__}")
-
-
 def parse_request(inputs: dict[str, np.ndarray], limits: RequestLimits) -> GenerationRequest:
     """Validate the input tensors of one ``generate`` request.
 
@@ -114,7 +103,7 @@ def parse_request(inputs: dict[str, np.ndarray], limits: RequestLimits) -> Gener
     raw = _scalar(inputs, "text_input", "OSU", "string")
     if raw is None:
         raise InvalidInputError("text_input", "required (STRING [1])")
-    text = _text(raw, "text_input")
+    text = decode_text(raw, "text_input")
     if not text:
         raise InvalidInputError("text_input", "must be a non-empty string")
     if len(text) > max_len * CHARS_PER_TOKEN_LIMIT:  # cannot fit: refuse before tokenising it
@@ -146,7 +135,7 @@ def parse_request(inputs: dict[str, np.ndarray], limits: RequestLimits) -> Gener
             raise InvalidInputError("stop_words", f"at most {MAX_STOP_WORDS} stop words, got {sw.size}")
         for i, w in enumerate(sw):
             try:
-                words.append(_text(w, "stop_words"))
+                words.append(decode_text(w, "stop_words"))
             except InvalidInputError as e:
                 raise InvalidInputError("stop_words", f"element {i}: {e.detail}") from None
             if not words[-1] or len(words[-1]) > MAX_STOP_WORD_CHARS:
@@ -161,8 +150,8 @@ def parse_request(inputs: dict[str, np.ndarray], limits: RequestLimits) -> Gener
 
     method = _scalar(inputs, "speculative_method", "OSU", "string")
     fields["speculative_method"] = one_of("speculative_method", settings.default_speculative_method if method is None
-                                          else _text(method, "speculative_method"), limits.methods)
+                                          else decode_text(method, "speculative_method"), limits.methods)
     am = _scalar(inputs, "acceptance_method", "OSU", "string")
     if am is not None:
-        fields["acceptance_method"] = check_acceptance_method("acceptance_method", _text(am, "acceptance_method"))
+        fields["acceptance_method"] = check_acceptance_method("acceptance_method", decode_text(am, "acceptance_method"))
     return GenerationRequest(**fields)

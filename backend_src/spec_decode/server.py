@@ -40,11 +40,17 @@ DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
 REPOSITORY_KEY_HEADER = "spec-decode-repository-key"
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports on 127.0.0.1 that are free right now (bound together, so no two are the same: ports
+    taken one after the other could be, and tritonserver refuses to start with gRPC and metrics on one port)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _pytriton_root() -> Path:
@@ -176,9 +182,10 @@ class TritonServer:
                  metrics_port: int = 0, log_path: Path | None = None, log_verbose: int = 0, heal: bool = True,
                  host: str = "127.0.0.1"):
         self.repository = Path(repository)
-        self.http_port = http_port or free_port()
-        self.grpc_port = grpc_port or free_port()
-        self.metrics_port = metrics_port or free_port()
+        ports = free_ports(3)
+        self.http_port = http_port or ports[0]
+        self.grpc_port = grpc_port or ports[1]
+        self.metrics_port = metrics_port or ports[2]
         self.log_path = log_path
         self.log_verbose = log_verbose
         self.heal = heal
@@ -406,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
 
     While serving, a model process that dies is brought back (:mod:`spec_decode.healing`). Returns 0 after Ctrl-C or
     SIGTERM (tritonserver is stopped first); if tritonserver dies by itself, or the healer could not restart it, a
-    non-zero status and the reason on stderr (:func:`exit_status`)."""
+    non-zero status and the reason on stderr (:func:`exit_status`); 1 when a model fails to load (tritonserver's log
+    names it and why)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
     ap.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
@@ -431,7 +439,13 @@ def main(argv: list[str] | None = None) -> int:
                           host=args.host)
     server.start()
     try:
-        server.wait_ready()
+        try:
+            server.wait_ready()
+        except RuntimeError as e:  # a model failed to load (e.g. a config parameter out of range)
+            print(f"spec_decode.server: {str(e).splitlines()[0]} before every model was ready; tritonserver's log "
+                  f"above names the model that failed to load and why (look for 'failed to load' and 'config "
+                  f"parameter')", file=sys.stderr, flush=True)
+            return 1
         print(
             f"\nAll models READY.\n  HTTP    http://{server.http_url}\n  gRPC    {server.grpc_url}\n"
             f"  metrics http://{server.metrics_url}/metrics\n\nTry:\n"

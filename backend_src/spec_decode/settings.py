@@ -91,6 +91,22 @@ def check_typical_parameters(posterior_threshold: float, posterior_alpha: float,
             raise InvalidInputError(name, f"allowed values are finite numbers in [0, {FLOAT32_MAX:.3g}], got {x!r}")
 
 
+def decode_text(value, field_name: str) -> str:
+    """A STRING (BYTES) input's value as text.
+
+    Raises:
+        InvalidInputError: bytes that are not valid UTF-8, or a value that is not a string.
+    """
+    if isinstance(value, bytes):  # numpy's bytes_ too
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InvalidInputError(field_name, f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    if isinstance(value, str):
+        return value
+    raise InvalidInputError(field_name, f"expected a UTF-8 string (BYTES), got {type(value).__name__}")
+
+
 def _convert(key: str, raw: str, default):
     """A config value (a string) as the type of ``default``."""
     if isinstance(default, bool):

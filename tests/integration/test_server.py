@@ -200,9 +200,9 @@ def test_launcher_sigterm_stops_tritonserver(tmp_path):
     import sys
     import time
 
-    from spec_decode.server import free_port
+    from spec_decode.server import free_ports
 
-    ports = [str(free_port()) for _ in range(3)]
+    ports = [str(p) for p in free_ports(3)]
     env = dict(os.environ, HTTP_PORT=ports[0], GRPC_PORT=ports[1], METRICS_PORT=ports[2])
     log = open(tmp_path / "launcher.log", "w")
     launcher = subprocess.Popen([sys.executable, "-m", "spec_decode.server"], env=env, stdout=log, stderr=log)
@@ -232,6 +232,32 @@ def test_launcher_sigterm_stops_tritonserver(tmp_path):
         log.close()
 
 
+@pytest.mark.parametrize("overrides, named", [
+    ({"verifier": {"acceptance_method": "maybe"}}, "config parameter 'acceptance_method': 'maybe' is not one of"),
+    ({"generate": {"max_num_draft_tokens": "32"}}, "config parameter 'max_num_draft_tokens': 32 is above"),
+])
+def test_a_bad_config_stops_the_launcher_naming_the_parameter(tmp_path, overrides, named):
+    """A config value out of range fails its model's load: the launcher exits 1 at once, tritonserver's log names the
+    parameter, and the launcher's last line says where to look."""
+    import os
+    import subprocess
+    import sys
+
+    from spec_decode.server import free_ports, prepare_repository
+
+    repo = prepare_repository(overrides)
+    ports = [str(p) for p in free_ports(3)]
+    env = dict(os.environ, HTTP_PORT=ports[0], GRPC_PORT=ports[1], METRICS_PORT=ports[2])
+    try:
+        done = subprocess.run([sys.executable, "-m", "spec_decode.server", "--model-repository", str(repo)], env=env,
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        subprocess.run(["pkill", "-f", "--", f"--http-port={ports[0]}"])
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert named in done.stdout + done.stderr
+    assert "spec_decode.server: tritonserver exited" in done.stderr.splitlines()[-1]
+
+
 def test_launcher_exits_non_zero_and_says_why_when_tritonserver_dies(tmp_path):
     """kill -9 of tritonserver itself: the launcher must not look healthy; it exits non-zero (so a supervisor restarts
     it) and names the cause."""
@@ -241,9 +267,9 @@ def test_launcher_exits_non_zero_and_says_why_when_tritonserver_dies(tmp_path):
     import sys
     import time
 
-    from spec_decode.server import free_port
+    from spec_decode.server import free_ports
 
-    ports = [str(free_port()) for _ in range(3)]
+    ports = [str(p) for p in free_ports(3)]
     env = dict(os.environ, HTTP_PORT=ports[0], GRPC_PORT=ports[1], METRICS_PORT=ports[2])
     log_path = tmp_path / "launcher.log"
     log = open(log_path, "w")

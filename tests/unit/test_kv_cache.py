@@ -126,3 +126,13 @@ def test_models_with_sliding_window_layers_are_refused(tiny_lm):
     model.config.layer_types = ["sliding_attention", "full_attention"]
     with pytest.raises(NotImplementedError, match="full-attention"):
         CachedCausalLM(model)
+
+
+def test_a_sequence_longer_than_the_model_s_positions_is_refused(tiny_lm):
+    from spec_decode.settings import InvalidInputError
+
+    lm = CachedCausalLM(tiny_lm)
+    assert lm.max_positions == tiny_lm.config.max_position_embeddings
+    with pytest.raises(InvalidInputError, match="'token_ids': 1025 tokens .* at most 1024 positions"):
+        lm.logits(1, [1] * 1025, 1)
+    assert len(lm) == 0  # refused before any cache was made

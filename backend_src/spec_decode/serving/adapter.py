@@ -35,6 +35,35 @@ def model_parameters(args: dict) -> dict[str, str]:
     return params
 
 
+def sibling_parameters(args: dict, model: str) -> dict[str, str] | None:
+    """The config.pbtxt ``parameters`` of another model of the same repository (name -> string value), or None when
+    its config cannot be read (no such folder; tritonclient's protobuf definitions missing).
+
+    Args:
+        args: the ``args`` Triton passes to ``initialize`` (``model_repository`` is the model's own folder).
+        model: the other model's name, e.g. ``draft_model``.
+
+    Raises:
+        ValueError: a config.pbtxt that does not parse.
+    """
+    from pathlib import Path
+
+    own = Path(str(args.get("model_repository", "")))
+    cfg = own.parent / model / "config.pbtxt"
+    if not cfg.is_file():
+        return None
+    try:
+        from google.protobuf import text_format
+        from tritonclient.grpc import model_config_pb2
+    except ImportError:
+        return None
+    try:
+        parsed = text_format.Parse(cfg.read_text(), model_config_pb2.ModelConfig())
+    except text_format.ParseError as e:
+        raise ValueError(f"{cfg}: {e}") from None
+    return {k: v.string_value for k, v in parsed.parameters.items()}
+
+
 PAD_ID = -1  # pads rows of token-id tensors (never a token id)
 
 

@@ -17,11 +17,11 @@ import traceback
 import numpy as np
 
 from ..generation import Chunk, Generation
-from ..model_loading import default_draft_ready, load_tokenizer, resolve_model_path
-from ..proposers import k_schedule, offered_methods
+from ..model_loading import default_draft_ready, draft_lm_configured, load_tokenizer, resolve_model_path
+from ..proposers import DraftLMSettings, k_schedule, offered_methods
 from ..proposers.schedule import speculation_disabled
 from ..request import RequestLimits, parse_request
-from ..settings import GenerateSettings, InvalidInputError, one_of, warn_unknown_parameters
+from ..settings import DraftModelSettings, GenerateSettings, InvalidInputError, one_of, warn_unknown_parameters
 from .adapter import error_response, read_inputs
 from .metrics import Metrics, stats_tuple
 from .rounds import StepRounds
@@ -40,12 +40,16 @@ class GenerateBackend:
     Args:
         params: the config.pbtxt parameters (name -> string value): :class:`~spec_decode.settings.GenerateSettings`.
         pb_utils: the ``triton_python_backend_utils`` module.
+        draft_params: draft_model's config parameters, when its config.pbtxt is beside this model's
+            (:func:`~.adapter.sibling_parameters`): generate's largest k is held to draft_model's, and
+            ``draft_model_available: auto`` follows its ``draft_model_path``.
 
     Raises:
-        ValueError: a config parameter out of range (named), or a default method the server does not serve.
+        ValueError: a config parameter out of range (named), a default method the server does not serve, a largest k
+            above draft_model's, or ``draft_model_available: true`` where draft_model has no draft LM.
     """
 
-    def __init__(self, params: dict[str, str], pb_utils):
+    def __init__(self, params: dict[str, str], pb_utils, draft_params: dict[str, str] | None = None):
         warn_unknown_parameters("generate", params, set(GenerateSettings.parameter_names()))
         self.pb = pb_utils
         self.settings = s = GenerateSettings.from_params(params)
@@ -53,9 +57,7 @@ class GenerateBackend:
         if getattr(self.tokenizer, "backend_tokenizer", None) is None:
             raise ValueError(f"config parameter 'tokenizer_path': {s.tokenizer_path!r} has no fast tokenizer "
                              f"(tokenizer.json), which streaming needs")
-        # "auto", as draft_model_path "auto": the distilled default draft, when built
-        draft_lm = s.draft_model_available == "true" or (s.draft_model_available == "auto" and default_draft_ready())
-        methods = offered_methods(draft_lm)
+        methods = offered_methods(self._draft_lm_available(draft_params))
         try:
             one_of("default_speculative_method", s.default_speculative_method, methods)
         except InvalidInputError as e:
@@ -69,6 +71,23 @@ class GenerateBackend:
         self._rng = random.Random()
         self.metrics = Metrics(pb_utils)
         self.metrics.set("spec_decode_running_sequences", 0)
+
+    def _draft_lm_available(self, draft_params: dict[str, str] | None) -> bool:
+        """Whether draft_model serves a draft LM (speculative_method ``draft``), checking generate's settings against
+        draft_model's where its config is known."""
+        s = self.settings
+        if draft_params is None:  # draft_model's config is elsewhere: as draft_model_path "auto" finds it
+            return s.draft_model_available == "true" or (s.draft_model_available == "auto" and default_draft_ready())
+        draft_k = DraftModelSettings.from_params(draft_params).max_num_draft_tokens
+        if s.max_num_draft_tokens > draft_k:
+            raise ValueError(f"config parameter 'max_num_draft_tokens': {s.max_num_draft_tokens} is above "
+                             f"draft_model's max_num_draft_tokens={draft_k}, which refuses larger k (raise that one "
+                             f"too)")
+        configured = draft_lm_configured(DraftLMSettings.from_params(draft_params).draft_model_path)
+        if s.draft_model_available == "true" and not configured:
+            raise ValueError("config parameter 'draft_model_available': 'true', but draft_model's draft_model_path "
+                             f"{draft_params.get('draft_model_path', 'auto')!r} gives it no draft LM")
+        return configured if s.draft_model_available == "auto" else s.draft_model_available == "true"
 
     def _start(self, inputs: dict) -> Generation:
         req = parse_request(inputs, self.limits)

@@ -14,7 +14,7 @@ import torch
 from ..proposers import NO_SPECULATION, ProposalRequest
 from ..protocol import StepInputs
 from ..sampling import SamplingParams
-from ..settings import InvalidInputError, check_acceptance_method, in_range, one_of
+from ..settings import InvalidInputError, check_acceptance_method, decode_text, in_range, one_of
 from .adapter import stack_rows, strip_padding
 
 DRAFT_MODEL_INPUTS = ("sequence_id", "token_ids", "num_draft_tokens", "speculative_method", "temperature", "top_k",
@@ -24,6 +24,7 @@ VERIFIER_INPUTS = ("target_probs", "draft_token_ids", "draft_probs", "temperatur
                    "acceptance_method")
 
 _REQUIRED = object()
+MAX_TOKEN_ID = 2**31 - 1  # token ids travel as int64 but every tree and model here takes int32 ids
 
 
 def round_inputs(inps: list[StepInputs], release: bool) -> dict[str, np.ndarray]:
@@ -73,9 +74,8 @@ def scalar(inputs: dict, name: str, default=_REQUIRED):
 
 
 def text(inputs: dict, name: str, default: str = "") -> str:
-    """A STRING input's one value, decoded."""
-    v = scalar(inputs, name, default)
-    return v.decode() if isinstance(v, bytes) else str(v)
+    """A STRING input's one value, decoded (:func:`~spec_decode.settings.decode_text`: errors name the input)."""
+    return decode_text(scalar(inputs, name, default), name)
 
 
 def sequence_id(inputs: dict) -> int:
@@ -92,13 +92,28 @@ def token_ids(inputs: dict) -> list[int]:
     """The row's committed token ids, without padding.
 
     Raises:
-        InvalidInputError: none left (the range is the model's own check: :meth:`~spec_decode.kv_cache.
-            CachedCausalLM.check`).
+        InvalidInputError: none left, or one outside [0, 2^31) (the model's vocabulary is its own check:
+            :meth:`~spec_decode.kv_cache.CachedCausalLM.check`; model-free proposers and suffix decoding's int32 trees
+            take any id in that range).
     """
     ids = strip_padding(inputs["token_ids"]) if "token_ids" in inputs else []
     if not ids:
         raise InvalidInputError("token_ids", "must not be empty")
+    if min(ids) < 0 or max(ids) > MAX_TOKEN_ID:
+        raise InvalidInputError("token_ids", f"token ids must lie in [0, 2^31), got {min(ids)}..{max(ids)}")
     return ids
+
+
+def draft_token_ids(inputs: dict, vocab_size: int) -> list[int]:
+    """The row's draft token ids, without padding, up to the first one outside the target's vocabulary [0,
+    ``vocab_size``): a draft is only a guess, and one the target cannot score ends the drafts instead of failing the
+    step (target_model and the verifier cut at the same place). Proposers never make such drafts; suffix decoding's
+    cache could hold one that a direct caller of draft_model released."""
+    drafts = strip_padding(inputs.get("draft_token_ids", np.zeros(0, np.int64)))
+    for i, t in enumerate(drafts):
+        if not 0 <= t < vocab_size:
+            return drafts[:i]
+    return drafts
 
 
 def sampling_params(inputs: dict) -> SamplingParams:

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import torch
 
 from ..model_loading import load_cached_lm, resolve_model_path
 from ..scorer import TargetScorer
 from ..settings import TargetSettings
-from .adapter import strip_padding
 from .batching import BatchedBackend, Work
 from .metrics import Metrics
-from .step_inputs import TARGET_MODEL_INPUTS, is_release, sampling_params, sequence_id, token_ids
+from .step_inputs import TARGET_MODEL_INPUTS, draft_token_ids, is_release, sampling_params, sequence_id, token_ids
 
 
 def _probs_output(probs: torch.Tensor) -> dict:
@@ -61,7 +59,7 @@ class TargetBackend(BatchedBackend):
         if is_release(inputs):
             self.scorer.release(seq_id)
             return {"target_probs": torch.zeros((0, 0), dtype=torch.float32)}
-        drafts = strip_padding(inputs.get("draft_token_ids", np.zeros(0, np.int64)))
+        drafts = draft_token_ids(inputs, self.lm.vocab_size)
         ids, params = token_ids(inputs), sampling_params(inputs)
         self.lm.check(ids + drafts, len(drafts) + 1)
         return Work(seq_id, (seq_id, ids, drafts, params), _probs_output)

@@ -18,10 +18,9 @@ import torch
 
 from ..settings import VerifierSettings
 from ..verifier import Verifier, VerifierRow
-from .adapter import strip_padding
 from .batching import BatchedBackend, Work
 from .metrics import Metrics
-from .step_inputs import VERIFIER_INPUTS, acceptance_method, sampling_params, scalar
+from .step_inputs import VERIFIER_INPUTS, acceptance_method, draft_token_ids, sampling_params, scalar
 
 
 def _outputs(out: tuple[list[int], list[float]]) -> dict:
@@ -51,8 +50,9 @@ class VerifierBackend(BatchedBackend):
     def _row(inputs: dict) -> VerifierRow:
         """One sequence's row of :meth:`Verifier.verify_batch`, without the round's padding."""
         tp = torch.as_tensor(inputs["target_probs"])
-        # In a batched request rows are padded to the round's largest k: k is the row's draft count without padding.
-        drafts = torch.as_tensor(strip_padding(inputs["draft_token_ids"]), dtype=torch.int64)
+        # In a batched request rows are padded to the round's largest k: k is the row's draft count without padding
+        # (and without drafts outside the vocabulary, which target_model cut too).
+        drafts = torch.as_tensor(draft_token_ids(inputs, tp.shape[-1] if tp.dim() == 2 else 0), dtype=torch.int64)
         k = len(drafts)
         dp = inputs.get("draft_probs")
         if dp is not None and np.prod(tuple(dp.shape)) > 0:

@@ -4,13 +4,13 @@ import asyncio
 
 import triton_python_backend_utils as pb_utils
 
-from spec_decode.serving.adapter import model_parameters
+from spec_decode.serving.adapter import model_parameters, sibling_parameters
 from spec_decode.serving.generate import GenerateBackend
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.backend = GenerateBackend(model_parameters(args), pb_utils)
+        self.backend = GenerateBackend(model_parameters(args), pb_utils, sibling_parameters(args, "draft_model"))
 
     async def execute(self, requests):
         # Decoupled async execute: every request streams its own responses; requests run concurrently.

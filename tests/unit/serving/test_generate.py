@@ -101,3 +101,26 @@ def test_metrics_count_committed_tokens_and_export_them(backend):
     # what went to pb_utils.MetricFamily is what the process holds
     assert exported()[("spec_decode_emitted_tokens_total", (("method", "ngram"),))] == emitted
     assert {f.name for f in MetricFamily.created} <= set(METRICS)
+
+
+def test_generate_is_held_to_draft_model_s_config_when_it_can_read_it(real_model_dir):
+    """generate's largest k may not pass draft_model's, and draft_model_available follows draft_model_path."""
+    from spec_decode.serving.generate import GenerateBackend
+
+    with pytest.raises(ValueError, match="'max_num_draft_tokens': 32 is above draft_model's max_num_draft_tokens=16"):
+        GenerateBackend({"max_num_draft_tokens": "32"}, FakePbUtils, {"draft_model_path": ""})
+    with pytest.raises(ValueError, match="'draft_model_available': 'true', but draft_model's draft_model_path ''"):
+        GenerateBackend({"draft_model_available": "true"}, FakePbUtils, {"draft_model_path": ""})
+    with_lm = GenerateBackend({}, FakePbUtils, {"draft_model_path": "default", "max_num_draft_tokens": "8"})
+    assert "draft" in with_lm.limits.methods
+    without = GenerateBackend({}, FakePbUtils, {"draft_model_path": "", "max_num_draft_tokens": "8"})
+    assert "draft" not in without.limits.methods
+
+
+def test_sibling_parameters_reads_the_shipped_draft_model_config():
+    from spec_decode.server import DEFAULT_REPOSITORY
+    from spec_decode.serving.adapter import sibling_parameters
+
+    params = sibling_parameters({"model_repository": str(DEFAULT_REPOSITORY / "generate")}, "draft_model")
+    assert params["max_num_draft_tokens"] == "16" and params["draft_model_path"] == "auto"
+    assert sibling_parameters({"model_repository": str(DEFAULT_REPOSITORY / "generate")}, "no_such_model") is None

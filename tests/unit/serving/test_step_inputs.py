@@ -51,3 +51,15 @@ def test_a_draft_row_becomes_a_proposal_request_or_asks_for_nothing():
         si.proposal_request(_draft_row(k=9), METHODS, 8)
     with pytest.raises(InvalidInputError, match="'speculative_method': 'draft' is not one of none, ngram, suffix"):
         si.proposal_request(_draft_row(method=b"draft"), METHODS, 8)  # not served here: no draft LM
+
+
+def test_token_ids_must_fit_int32_and_drafts_stop_at_the_first_one_outside_the_vocabulary():
+    for bad in ([5, -3], [5, 2**31], [2**63 - 1]):
+        with pytest.raises(InvalidInputError, match=r"'token_ids': token ids must lie in \[0, 2\^31\)"):
+            si.token_ids({"token_ids": np.array(bad, np.int64)})
+    row = {"draft_token_ids": np.array([3, 9, 500, 4, -1, -1], np.int64)}
+    assert si.draft_token_ids(row, vocab_size=97) == [3, 9]  # 500 is no token of this vocabulary: the drafts end
+    assert si.draft_token_ids(row, vocab_size=1000) == [3, 9, 500, 4]
+    assert si.draft_token_ids({}, 97) == []
+    with pytest.raises(InvalidInputError, match="'speculative_method': not valid UTF-8"):
+        si.text({"speculative_method": np.array([b"\xff"], object)}, "speculative_method")

@@ -1,0 +1,43 @@
+"""spec_decode.serving.local_ensemble: the three step backends in one process, as the ensembles run them."""
+
+import numpy as np
+import torch
+
+from spec_decode.generation import Generation
+from spec_decode.request import GenerationRequest
+from spec_decode.serving.draft_model import DraftBackend
+from spec_decode.serving.local_ensemble import LocalEnsemble
+from spec_decode.serving.target_model import TargetBackend
+from spec_decode.serving.verifier_model import VerifierBackend
+from tests.helpers import step_row
+
+
+def test_drafts_outside_the_vocabulary_end_the_drafts_instead_of_failing_the_step(tiny_dir, tiny_lm, real_tokenizer):
+    """A direct caller releases a 'response' of ids the target does not have into suffix decoding's cache of earlier
+    responses (token ids are checked against int32 only there: draft_model need not know the target's vocabulary).
+    Later requests whose context matches it get those ids as drafts: target_model and the verifier end the drafts at
+    the first one outside the vocabulary, so the steps succeed with the target's own greedy output (they failed every
+    such request)."""
+    draft = DraftBackend({"draft_model_path": "", "suffix_backend": "python", "suffix_max_cached_requests": "8"})
+    ens = LocalEnsemble(draft, TargetBackend({"model_path": str(tiny_dir), "device": "cpu"}),
+                        VerifierBackend({"backend": "torch", "num_threads": "0"}))
+    prompt = [5, 17, 3]
+    poison = step_row(99, [1], num_draft_tokens=np.array([4], np.int32), seeded=np.array([False]),
+                      speculative_method=np.array([b"suffix"], object))
+    draft.run_batch([poison])
+    draft.run_batch([dict(poison, release=np.array([True]), token_ids=np.array([1, *prompt, 500, 501, 502], np.int64))])
+    assert draft.metrics.get("spec_decode_suffix_cached_responses") == 1
+    gen = Generation(1, prompt, GenerationRequest("x", 12, speculative_method="suffix"), real_tokenizer, [], 256, 0)
+    steps = 0
+    while not gen.finished:
+        inp = gen.next_step()
+        (result,) = ens.run_round([inp])
+        if steps == 0:
+            assert result.num_draft_tokens >= 1  # the poisoned response was proposed
+        gen.commit(result)
+        steps += 1
+    ens.release([gen.next_step()])
+    with torch.inference_mode():
+        ref = tiny_lm.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                               pad_token_id=0)[0, 3:].tolist()
+    assert gen.output_ids == ref
