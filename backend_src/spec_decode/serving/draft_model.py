@@ -18,11 +18,10 @@ import torch
 
 from ..proposers import NO_SPECULATION, Proposal, build_proposers
 from ..proposers.registry import config_parameters
-from ..settings import DraftModelSettings
-from .adapter import strip_padding
+from ..settings import DraftModelSettings, InvalidInputError
 from .batching import BatchedBackend, Work
 from .metrics import Metrics
-from .step_inputs import DRAFT_MODEL_INPUTS, is_release, proposal_request, sequence_id
+from .step_inputs import DRAFT_MODEL_INPUTS, is_release, proposal_request, sequence_id, token_ids
 
 
 def _no_drafts() -> dict:
@@ -67,9 +66,12 @@ class DraftBackend(BatchedBackend):
     def _plan(self, inputs: dict):
         seq_id = sequence_id(inputs)
         if is_release(inputs):  # with the final ids: the whole response joins suffix decoding's cache
-            final = strip_padding(inputs["token_ids"]) if "token_ids" in inputs else []
+            try:
+                final = token_ids(inputs)
+            except InvalidInputError:  # none, or not token ids: the caches are freed all the same, nothing joins
+                final = None
             for p in self.proposers.values():
-                p.release(seq_id, final or None)
+                p.release(seq_id, final)
             return _no_drafts()
         method, request = proposal_request(inputs, self.methods, self.settings.max_num_draft_tokens)
         if request is None:

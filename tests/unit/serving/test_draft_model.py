@@ -80,3 +80,12 @@ def test_proposals_are_returned_as_tensors_per_row():
 
     out = _outputs(Proposal.of([3, 4]))
     assert out["draft_token_ids"].dtype == np.int64 and out["draft_probs"].shape == (0, 0)
+
+
+def test_a_release_with_ids_that_are_not_token_ids_frees_the_caches_and_adds_nothing(draft):
+    draft.run_batch([_row(10, [1, 2, 1], "suffix")])
+    cached = draft.metrics.get("spec_decode_suffix_cached_responses")
+    out = draft.run_batch([_row(10, [1, 2, 1, 2**40], "suffix", release=True)])
+    assert out[0]["draft_token_ids"].size == 0  # answered, not an error: the sequence's caches are gone
+    assert draft.metrics.get("spec_decode_suffix_active_requests") == 0
+    assert draft.metrics.get("spec_decode_suffix_cached_responses") == cached
