@@ -101,6 +101,7 @@ class Generation:
         self.finished = False
         self.finish_reason: str | None = None
         self.cum_log_prob = 0.0
+        self.hidden_states = None  # the target's hidden states before the last committed token (StepInputs)
         self.schedule = schedule or ConstantK()
         self.k = request.num_draft_tokens  # k of the next step (the schedule moves it)
 
@@ -120,7 +121,7 @@ class Generation:
         room = self.max_model_len - len(self.token_ids)
         k = 0 if req.speculative_method == NO_SPECULATION else max(0, min(self.k, room - 1))
         return StepInputs(self.seq_id, list(self.token_ids), k, req.speculative_method, self.params, self.stats.steps,
-                          req.acceptance_method)
+                          req.acceptance_method, self.hidden_states)
 
     def _held_back(self) -> int:
         """Characters at the end of ``text`` that could begin a stop word (not sent until resolved)."""
@@ -147,6 +148,8 @@ class Generation:
         self.stats.draft_tokens += result.num_draft_tokens
         accepted_in_step = len(result.output_ids) - 1
         self.k = self.schedule.update(self.k, result.num_draft_tokens, accepted_in_step)
+        # the positions that predicted this step's tokens: before the last of them once they are committed
+        self.hidden_states = result.hidden_states
         new_ids: list[int] = []
         new_lps: list[float] = []
         stop_at: int | None = None  # cut ``text`` here (stop word)

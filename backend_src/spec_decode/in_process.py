@@ -7,6 +7,8 @@ positions, verify. Tests and benchmarks drive a :class:`~spec_decode.generation.
 
 from __future__ import annotations
 
+import torch
+
 from .generation import Chunk, Generation
 from .proposers import Proposal, Proposer
 from .protocol import StepInputs, StepResult
@@ -22,15 +24,18 @@ def run_step(inp: StepInputs, proposers: dict[str, Proposer], scorer: TargetScor
         KeyError: no proposer for ``inp.method``.
     """
     if inp.drafts:
-        proposal = proposers[inp.method].propose_one(inp.seq_id, inp.token_ids, inp.num_draft_tokens, inp.params,
-                                                     inp.step)
+        proposer = proposers[inp.method]
+        hidden = None
+        if proposer.needs_hidden_states and inp.hidden_states is not None and len(inp.hidden_states):
+            hidden = torch.as_tensor(inp.hidden_states, dtype=torch.float32)
+        proposal = proposer.propose_one(inp.seq_id, inp.token_ids, inp.num_draft_tokens, inp.params, inp.step, hidden)
     else:
         proposal = Proposal.empty()
     drafts = proposal.draft_token_ids
-    probs = scorer.score(inp.seq_id, inp.token_ids, drafts.tolist(), inp.params)
-    ids, lps = verifier.verify(probs, drafts, proposal.draft_probs, inp.params.seed, inp.step, inp.params.is_greedy,
-                               inp.acceptance_method)
-    return StepResult(ids, int(drafts.numel()), lps)
+    (scores,) = scorer.score_batch([(inp.seq_id, inp.token_ids, drafts.tolist(), inp.params)])
+    ids, lps = verifier.verify(scores.probs, drafts, proposal.draft_probs, inp.params.seed, inp.step,
+                               inp.params.is_greedy, inp.acceptance_method)
+    return StepResult(ids, int(drafts.numel()), lps, scores.hidden[: len(ids)].float().cpu().numpy())
 
 
 class LocalStep:

@@ -80,7 +80,10 @@ class CachedCausalLM:
                                       f"{sorted(types)}")
         self.vocab_size = int(model.config.vocab_size)
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 0)  # 0: no bound known
-        self._cache_kw = cache_keyword(model)
+        # The forward runs the decoder and the LM head apart, so that a scoring step also gets the last hidden states
+        # (what a hidden-state speculator reads) for the positions it keeps, as ``*ForCausalLM.forward`` itself does.
+        self._decoder, self._head = model.get_decoder(), model.get_output_embeddings()
+        self._cache_kw = cache_keyword(self._decoder)
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -132,10 +135,10 @@ class CachedCausalLM:
         self.check(token_ids, n_logits)
         with self._lock:
             e, keep = self._prepare(seq_id, token_ids, n_logits)
-            return self._forward_one(seq_id, e, token_ids, keep, n_logits)
+            return self._forward_one(seq_id, e, token_ids, keep, n_logits)[0]
 
     @torch.inference_mode()
-    def logits_batch(self, calls: list[tuple[int, list[int], int]]) -> list[torch.Tensor]:
+    def logits_batch(self, calls: list[tuple[int, list[int], int]], hidden: bool = False) -> list:
         """:meth:`logits` for several sequences in one forward pass (continuous batching of decode steps).
 
         Each sequence keeps its own cache. Sequences with at most ``max_batched_new_tokens`` tokens to compute (decode
@@ -147,9 +150,12 @@ class CachedCausalLM:
 
         Args:
             calls: (seq_id, token_ids, n_logits) per sequence, as for :meth:`logits`; seq_ids must be distinct.
+            hidden: also return the last hidden states of those positions (the decoder's output, after its final norm:
+                what the LM head reads).
 
         Returns:
-            per call, [n_logits, V] logits (model dtype) on the model's device.
+            per call, [n_logits, V] logits (model dtype) on the model's device; with ``hidden``, (logits, hidden
+            [n_logits, H]) pairs.
 
         Raises:
             ValueError: as :meth:`logits` (checked for every call before any forward), or a repeated seq_id.
@@ -172,9 +178,9 @@ class CachedCausalLM:
                     i, seq_id, e, ids, keep, n = group[0]
                     out[i] = self._forward_one(seq_id, e, ids, keep, n)
                 else:
-                    for i, logits in zip((b[0] for b in group), self._forward_batch(group)):
-                        out[i] = logits
-        return out
+                    for i, result in zip((b[0] for b in group), self._forward_batch(group)):
+                        out[i] = result
+        return out if hidden else [lg for lg, _ in out]
 
     def _groups(self, batch: list) -> list[list]:
         """Split a batch where left-padding would cost more than an extra forward.
@@ -218,15 +224,16 @@ class CachedCausalLM:
         e.ids = list(token_ids[:keep])
         return e, keep
 
-    def _forward_one(self, seq_id: int, e: _Entry, token_ids: list[int], keep: int, n_logits: int) -> torch.Tensor:
+    def _forward_one(self, seq_id: int, e: _Entry, token_ids: list[int], keep: int, n_logits: int) -> tuple:
         return self._forward([(0, seq_id, e, token_ids, keep, n_logits)])[0]
 
-    def _forward_batch(self, batch: list) -> list[torch.Tensor]:
+    def _forward_batch(self, batch: list) -> list[tuple]:
         """One forward over several sequences (a batched round; see :meth:`_forward`)."""
         return self._forward(batch)
 
-    def _forward(self, batch: list) -> list[torch.Tensor]:
-        """One forward over one or several sequences (see :meth:`logits_batch`); returns their logits in order.
+    def _forward(self, batch: list) -> list[tuple]:
+        """One forward over one or several sequences (see :meth:`logits_batch`); returns their (logits, last hidden
+        states) in order.
 
         Rows are laid out as ``[left padding | the row's cached positions | left padding | its new tokens]`` over
         ``c_max + n_max`` key positions; a 4D attention mask keeps every row to its own tokens, causally, and padding
@@ -255,8 +262,10 @@ class CachedCausalLM:
         rows = [(e.slots, c, len(toks)) for (_, _, e, _, _, _), c, toks in zip(batch, cached, new)]
         n_keep = max(n for *_, n in batch)
         try:
-            out = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
-                             use_cache=True, logits_to_keep=n_keep, **{self._cache_kw: _RoundCache(rows, c_max, n_max)})
+            out = self._decoder(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
+                                use_cache=True, **{self._cache_kw: _RoundCache(rows, c_max, n_max)})
+            hidden = out.last_hidden_state[:, -n_keep:]  # [B, n_keep, H]
+            logits = self._head(hidden)
         except Exception:
             for _, seq_id, *_ in batch:
                 self._entries.pop(seq_id, None)
@@ -264,7 +273,7 @@ class CachedCausalLM:
         results = []
         for row, (_, _, e, token_ids, _, n_logits) in enumerate(batch):
             e.ids = list(token_ids)
-            results.append(out.logits[row, n_keep - n_logits :])
+            results.append((logits[row, n_keep - n_logits :], hidden[row, n_keep - n_logits :]))
         return results
 
 

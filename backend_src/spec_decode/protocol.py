@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .proposers.registry import NO_SPECULATION
 from .sampling import SamplingParams
 
@@ -28,6 +30,9 @@ class StepInputs:
         params: sampling parameters (with the request seed).
         step: step counter (0-based), mixed into the noise seed.
         acceptance_method: "rejection", "typical", or "" for the verifier's default.
+        hidden_states: [m, H] float32, the target's last hidden states at the m positions before the last committed
+            token (``token_ids[-1-m:-1]``: what the previous step accepted), for a hidden-state speculator; None when
+            there are none (the first step, or after a step that scored nothing).
     """
 
     seq_id: int
@@ -37,6 +42,7 @@ class StepInputs:
     params: SamplingParams
     step: int
     acceptance_method: str = ""
+    hidden_states: np.ndarray | None = None
 
     @property
     def drafts(self) -> bool:
@@ -52,8 +58,11 @@ class StepResult:
         output_ids: 1..k+1 token ids: accepted drafts then the recovered or bonus token.
         num_draft_tokens: how many draft tokens the proposer actually proposed (k' <= k).
         log_probs: target log-probability of each output id (same length), or None.
+        hidden_states: [n, H] float32, the target's last hidden states at the positions that predicted the n output
+            ids (the last committed token's and the accepted drafts'), or None when the transport has none.
     """
 
     output_ids: list[int]
     num_draft_tokens: int
     log_probs: list[float] | None = None
+    hidden_states: np.ndarray | None = None

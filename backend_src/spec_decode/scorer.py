@@ -1,15 +1,31 @@
 """The target scorer: one forward pass over the pending tokens plus k drafts (vLLM ``Scorer``; gpt-fast).
 
 Returns target probabilities for the k+1 positions after the request's sampling transforms: row i is the target
-distribution for the token after draft i-1 (row 0 follows the last committed token; row k is the bonus position).
+distribution for the token after draft i-1 (row 0 follows the last committed token; row k is the bonus position), and
+the target's last hidden states at the same positions (what a hidden-state speculator drafts from).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
 from .kv_cache import CachedCausalLM
 from .sampling import SamplingParams, logits_to_probs
+
+
+class Scores(NamedTuple):
+    """One sequence's scores.
+
+    Attributes:
+        probs: [k+1, V] float32 target probabilities on the model's device.
+        hidden: [k+1, H] the target's last hidden states (model dtype) at those positions: row j is the state after
+            the last committed token and the first j drafts.
+    """
+
+    probs: torch.Tensor
+    hidden: torch.Tensor
 
 
 class TargetScorer:
@@ -25,7 +41,7 @@ class TargetScorer:
     def score(
         self, seq_id: int, token_ids: list[int], draft_token_ids: list[int], params: SamplingParams
     ) -> torch.Tensor:
-        """Target probabilities for k+1 positions.
+        """Target probabilities for k+1 positions (:meth:`score_batch` of one sequence, without the hidden states).
 
         Args:
             seq_id: sequence identifier.
@@ -36,25 +52,23 @@ class TargetScorer:
         Returns:
             [k+1, V] float32 on the model's device.
         """
-        k = len(draft_token_ids)
-        logits = self.lm.logits(seq_id, list(token_ids) + list(draft_token_ids), k + 1)
-        return logits_to_probs(logits, params)
+        return self.score_batch([(seq_id, token_ids, draft_token_ids, params)])[0].probs
 
-    def score_batch(self, items: list[tuple[int, list[int], list[int], SamplingParams]]) -> list[torch.Tensor]:
-        """:meth:`score` for several sequences in one forward pass (:meth:`CachedCausalLM.logits_batch`).
+    def score_batch(self, items: list[tuple[int, list[int], list[int], SamplingParams]]) -> list[Scores]:
+        """The k+1 positions of several sequences in one forward pass (:meth:`CachedCausalLM.logits_batch`).
 
         Args:
             items: (seq_id, token_ids, draft_token_ids, params) per sequence; seq_ids distinct.
 
         Returns:
-            per item, [k_i+1, V] float32 probabilities on the model's device.
+            per item, its :class:`Scores` ([k_i+1, V] probabilities, [k_i+1, H] hidden states).
 
         Raises:
             ValueError: as :meth:`CachedCausalLM.logits_batch`.
         """
         calls = [(s, list(ids) + list(d), len(d) + 1) for s, ids, d, _ in items]
-        logits = self.lm.logits_batch(calls)
-        return [logits_to_probs(lg, p) for lg, (_, _, _, p) in zip(logits, items)]
+        out = self.lm.logits_batch(calls, hidden=True)
+        return [Scores(logits_to_probs(lg, p), h) for (lg, h), (_, _, _, p) in zip(out, items)]
 
     def release(self, seq_id: int) -> None:
         """Free the KV cache of ``seq_id``."""

@@ -55,6 +55,8 @@ class ProposalRequest:
         k: the most draft tokens to propose (>= 1; the proposer may return fewer).
         params: the request's sampling parameters (with its seed).
         step: the sequence's step counter (0-based); with the seed it keys a sampling proposer's noise.
+        hidden_states: [m, H] float32, the target's last hidden states at the m positions before the last token
+            (:class:`~spec_decode.protocol.StepInputs`), or None; only proposers with ``needs_hidden_states`` get them.
     """
 
     seq_id: int
@@ -62,6 +64,7 @@ class ProposalRequest:
     k: int
     params: SamplingParams
     step: int
+    hidden_states: torch.Tensor | None = None
 
 
 class Proposer:
@@ -73,6 +76,8 @@ class Proposer:
             dataclass; its ``PREFIX`` is prepended to every field's name in config.pbtxt).
         needs_draft_lm: True when it is served only where draft_model has a draft LM (generate's
             ``draft_model_available``).
+        needs_hidden_states: True when it drafts from the target's hidden states: generate then sends a sequence's
+            latest ones with its steps (``ProposalRequest.hidden_states``).
         GAUGES: Prometheus gauges it exports from draft_model (name -> help), values from :meth:`gauges`.
 
     Subclasses implement :meth:`propose`, and override :meth:`from_config` (by default ``cls(settings)``),
@@ -83,6 +88,7 @@ class Proposer:
     name: ClassVar[str] = ""
     Settings: ClassVar[type[ConfigSettings]] = ConfigSettings
     needs_draft_lm: ClassVar[bool] = False
+    needs_hidden_states: ClassVar[bool] = False
     GAUGES: ClassVar[dict[str, str]] = {}
 
     @classmethod
@@ -116,12 +122,13 @@ class Proposer:
         raise NotImplementedError
 
     def propose_one(self, seq_id: int, token_ids: list[int], k: int, params: SamplingParams | None = None,
-                    step: int = 0) -> Proposal:
+                    step: int = 0, hidden_states: torch.Tensor | None = None) -> Proposal:
         """:meth:`propose` for one sequence (``params`` None = greedy); an empty proposal when ``k`` <= 0 (tests,
         benchmarks and the in-process transport)."""
         if k <= 0:
             return Proposal.empty()
-        return self.propose([ProposalRequest(seq_id, list(token_ids), k, params or SamplingParams(), step)])[0]
+        return self.propose([ProposalRequest(seq_id, list(token_ids), k, params or SamplingParams(), step,
+                                             hidden_states)])[0]
 
     def check(self, request: ProposalRequest) -> None:
         """Raise ValueError if ``request`` cannot be proposed for (draft_model then fails that request alone)."""

@@ -56,12 +56,14 @@ class LocalEnsemble:
             draft_ids, draft_probs = inputs["draft_token_ids"], inputs["draft_probs"]
         for row, r in enumerate(rows):
             r["draft_token_ids"], r["draft_probs"] = draft_ids[row], draft_probs[row]
-        target_probs = _stack(_raise_first(self.target.run_batch(rows)), "target_probs")
+        scored = _raise_first(self.target.run_batch(rows))
+        target_probs, hidden = _stack(scored, "target_probs"), _stack(scored, "hidden_states")
         for row, r in enumerate(rows):
             r["target_probs"] = target_probs[row]
         outs = _raise_first(self.verifier.run_batch([{name: r[name] for name in self.verifier.INPUTS} for r in rows]))
-        for o, row_ids in zip(outs, draft_ids):
+        for row, (o, row_ids) in enumerate(zip(outs, draft_ids)):
             o["num_drafted"] = len(strip_padding(row_ids))
+            o["hidden_states"] = hidden[row]
         return outs
 
     def run_round(self, inps: list[StepInputs]) -> list[StepResult]:
@@ -73,7 +75,10 @@ class LocalEnsemble:
         results = []
         for o in self._run(inps, release=False):
             ids = strip_padding(o["output_ids"])
-            results.append(StepResult(ids, o["num_drafted"], np.asarray(o["output_log_probs"])[:len(ids)].tolist()))
+            hidden = np.asarray(o["hidden_states"].float().cpu() if hasattr(o["hidden_states"], "cpu")
+                                else o["hidden_states"], np.float32)[:len(ids)]
+            results.append(StepResult(ids, o["num_drafted"], np.asarray(o["output_log_probs"])[:len(ids)].tolist(),
+                                      hidden))
         return results
 
     def release(self, inps: list[StepInputs]) -> None:

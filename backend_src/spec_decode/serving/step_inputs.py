@@ -11,14 +11,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..proposers import NO_SPECULATION, ProposalRequest
+from ..proposers import NO_SPECULATION, ProposalRequest, registry
 from ..protocol import StepInputs
 from ..sampling import SamplingParams
 from ..settings import InvalidInputError, check_acceptance_method, decode_text, in_range, one_of
 from .adapter import stack_rows, strip_padding
 
 DRAFT_MODEL_INPUTS = ("sequence_id", "token_ids", "num_draft_tokens", "speculative_method", "temperature", "top_k",
-                      "top_p", "random_seed", "seeded", "step", "release")
+                      "top_p", "random_seed", "seeded", "step", "release", "context_hidden_states",
+                      "num_context_hidden_states")
 TARGET_MODEL_INPUTS = ("sequence_id", "token_ids", "draft_token_ids", "temperature", "top_k", "top_p", "release")
 VERIFIER_INPUTS = ("target_probs", "draft_token_ids", "draft_probs", "temperature", "random_seed", "step",
                    "acceptance_method")
@@ -33,8 +34,10 @@ def round_inputs(inps: list[StepInputs], release: bool) -> dict[str, np.ndarray]
     rows (:class:`~.local_ensemble.LocalEnsemble`).
 
     A round in which some sequence drafts, and a release, carry ``num_draft_tokens``, ``speculative_method`` and
-    ``seeded`` for draft_model (``spec_step``); a round in which none drafts carries empty ``draft_token_ids`` [B, 0]
-    and ``draft_probs`` [B, 0, 0] instead (``score_step``: no draft_model).
+    ``seeded`` for draft_model (``spec_step``), and, when a drafting row's proposer reads the target's hidden states,
+    ``context_hidden_states`` [B, m, H] (rows zero-padded) with ``num_context_hidden_states`` [B, 1]; a round in which
+    none drafts carries empty ``draft_token_ids`` [B, 0] and ``draft_probs`` [B, 0, 0] instead (``score_step``: no
+    draft_model).
     """
     col = lambda values, dtype: np.array([[v] for v in values], dtype)  # noqa: E731 - [batch, 1]
     params = [i.params for i in inps]
@@ -53,10 +56,37 @@ def round_inputs(inps: list[StepInputs], release: bool) -> dict[str, np.ndarray]
         out["num_draft_tokens"] = col([i.num_draft_tokens for i in inps], np.int32)
         out["speculative_method"] = col([i.method.encode() for i in inps], np.object_)
         out["seeded"] = col([p.seeded for p in params], np.bool_)
+        hidden = [i.hidden_states if not release and i.drafts and _needs_hidden(i.method) else None for i in inps]
+        if any(h is not None and len(h) for h in hidden):
+            width = next(h.shape[1] for h in hidden if h is not None and len(h))
+            rows = [np.zeros((0, width), np.float32) if h is None else np.asarray(h, np.float32) for h in hidden]
+            out["context_hidden_states"] = stack_rows(rows)
+            out["num_context_hidden_states"] = col([len(r) for r in rows], np.int32)
     else:
         out["draft_token_ids"] = np.zeros((len(inps), 0), np.int64)
         out["draft_probs"] = np.zeros((len(inps), 0, 0), np.float32)
     return out
+
+
+def _needs_hidden(method: str) -> bool:
+    cls = registry.PROPOSERS.get(method)
+    return cls is not None and cls.needs_hidden_states
+
+
+def context_hidden_states(inputs: dict) -> torch.Tensor | None:
+    """The row's context hidden states ([m, H] float32, without padding), or None when it has none.
+
+    Raises:
+        InvalidInputError: a count outside [0, rows sent].
+    """
+    n = int(scalar(inputs, "num_context_hidden_states", 0))
+    hidden = inputs.get("context_hidden_states")
+    rows = 0 if hidden is None or len(hidden.shape) != 2 else int(hidden.shape[0])
+    in_range("num_context_hidden_states", n, 0, rows)
+    if n == 0:
+        return None
+    return torch.as_tensor(np.asarray(hidden.cpu() if isinstance(hidden, torch.Tensor) else hidden)[:n],
+                           dtype=torch.float32)
 
 
 def scalar(inputs: dict, name: str, default=_REQUIRED):
@@ -149,5 +179,6 @@ def proposal_request(inputs: dict, methods, max_k: int) -> tuple[str, ProposalRe
                     " (served by draft_model here)")
     if method == NO_SPECULATION or k == 0:
         return method, None
+    hidden = context_hidden_states(inputs) if _needs_hidden(method) else None
     return method, ProposalRequest(sequence_id(inputs), token_ids(inputs), k, sampling_params(inputs),
-                                   int(scalar(inputs, "step", 0)))
+                                   int(scalar(inputs, "step", 0)), hidden)

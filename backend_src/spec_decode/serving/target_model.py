@@ -1,8 +1,10 @@
 """Backend of the ``target_model`` model: the scorer over k+1 positions with the per-sequence KV cache.
 
 Config parameters: :class:`~spec_decode.settings.TargetSettings` (``model_path``, ``device``, ``dtype``,
-``max_sequences``). Inputs: :data:`~.step_inputs.TARGET_MODEL_INPUTS`. Output: ``target_probs`` FP32 [k+1, V] (on the
-model's device; [0, 0] for a release). The rows of one ``execute()`` are scored in one forward pass
+``max_sequences``). Inputs: :data:`~.step_inputs.TARGET_MODEL_INPUTS`. Outputs: ``target_probs`` FP32 [k+1, V] and
+``hidden_states`` FP32 [k+1, H], the target's last hidden states at the same positions (what a hidden-state speculator
+drafts from; generate keeps those of the accepted positions for the sequence's next step), both on the model's device
+([0, 0] for a release). The rows of one ``execute()`` are scored in one forward pass
 (:meth:`~spec_decode.scorer.TargetScorer.score_batch`). Metrics: time scoring, the target's KV caches.
 """
 
@@ -13,15 +15,15 @@ import time
 import torch
 
 from ..model_loading import load_cached_lm, resolve_model_path
-from ..scorer import TargetScorer
+from ..scorer import Scores, TargetScorer
 from ..settings import TargetSettings
 from .batching import BatchedBackend, Work
 from .metrics import Metrics
 from .step_inputs import TARGET_MODEL_INPUTS, draft_token_ids, is_release, sampling_params, sequence_id, token_ids
 
 
-def _probs_output(probs: torch.Tensor) -> dict:
-    return {"target_probs": probs.float()}
+def _outputs(scores: Scores) -> dict:
+    return {"target_probs": scores.probs.float(), "hidden_states": scores.hidden.float()}
 
 
 class TargetBackend(BatchedBackend):
@@ -58,8 +60,9 @@ class TargetBackend(BatchedBackend):
         seq_id = sequence_id(inputs)
         if is_release(inputs):
             self.scorer.release(seq_id)
-            return {"target_probs": torch.zeros((0, 0), dtype=torch.float32)}
+            return {"target_probs": torch.zeros((0, 0), dtype=torch.float32),
+                    "hidden_states": torch.zeros((0, 0), dtype=torch.float32)}
         drafts = draft_token_ids(inputs, self.lm.vocab_size)
         ids, params = token_ids(inputs), sampling_params(inputs)
         self.lm.check(ids + drafts, len(drafts) + 1)
-        return Work(seq_id, (seq_id, ids, drafts, params), _probs_output)
+        return Work(seq_id, (seq_id, ids, drafts, params), _outputs)

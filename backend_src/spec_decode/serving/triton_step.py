@@ -11,6 +11,8 @@ import asyncio
 import logging
 import traceback
 
+import numpy as np
+
 from ..generation import Generation
 from ..protocol import StepInputs, StepResult
 from .adapter import strip_padding
@@ -22,6 +24,17 @@ STEP_MODEL = "spec_step"
 PLAIN_STEP_MODEL = "score_step"  # target_model -> verifier: a round in which no sequence drafts
 STEP_PARTS = ("draft_model", "target_model", "verifier")  # the models the two ensembles run
 MAX_PENDING_RELEASES = 256  # failed releases kept to send again (TritonStep.release)
+
+
+def _host_array(tensor) -> np.ndarray | None:
+    """An output tensor of a BLS response as a host numpy array (a GPU one through DLPack), or None when absent."""
+    if tensor is None:
+        return None
+    if tensor.is_cpu():
+        return tensor.as_numpy()
+    import torch
+
+    return torch.from_dlpack(tensor.to_dlpack()).float().cpu().numpy()
 
 
 class TritonStep:
@@ -56,9 +69,9 @@ class TritonStep:
         hop) when no row drafts (:func:`~.step_inputs.round_inputs`). Returns (model name, request)."""
         inputs = round_inputs(inps, release)
         if "num_draft_tokens" in inputs:
-            model, outputs = self.model_name, ["output_ids", "output_log_probs", "draft_token_ids"]
+            model, outputs = self.model_name, ["output_ids", "output_log_probs", "hidden_states", "draft_token_ids"]
         else:
-            model, outputs = self.plain_model_name, ["output_ids", "output_log_probs"]
+            model, outputs = self.plain_model_name, ["output_ids", "output_log_probs", "hidden_states"]
         tensors = [self.pb.Tensor(name, value) for name, value in inputs.items()]
         return model, self.pb.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=outputs)
 
@@ -72,11 +85,13 @@ class TritonStep:
         lps = get(resp, "output_log_probs").as_numpy().reshape(len(inps), -1)
         drafted = get(resp, "draft_token_ids")
         drafted = None if drafted is None else drafted.as_numpy().reshape(len(inps), -1)
+        hidden = _host_array(get(resp, "hidden_states"))
         out = []
         for row in range(len(inps)):
             n = len(strip_padding(ids[row]))
             k = 0 if drafted is None else len(strip_padding(drafted[row]))
-            out.append(StepResult(ids[row, :n].tolist(), k, lps[row, :n].tolist()))
+            h = None if hidden is None or hidden.ndim != 3 else hidden[row, :n].copy()
+            out.append(StepResult(ids[row, :n].tolist(), k, lps[row, :n].tolist(), h))
         return out
 
     def _unready_parts(self) -> str:

@@ -41,3 +41,62 @@ def test_drafts_outside_the_vocabulary_end_the_drafts_instead_of_failing_the_ste
         ref = tiny_lm.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None,
                                pad_token_id=0)[0, 3:].tolist()
     assert gen.output_ids == ref
+
+
+def test_hidden_states_reach_the_proposer_aligned_through_varying_acceptance_rollbacks_and_retries(
+        tiny_dir, tiny_lm, real_tokenizer, monkeypatch):
+    """A proposer that reads the target's hidden states gets, with every step, those at the positions before the last
+    committed token, as a full forward of the target computes them: through steps that accept 0..3 drafts (the rest
+    rejected: the caches roll back) and a round run twice (a retry)."""
+    from spec_decode.proposers import Proposal, Proposer, registry
+
+    prompt, n_new = [5, 17, 3, 9], 24
+    with torch.inference_mode():
+        ref = tiny_lm.generate(torch.tensor([prompt]), max_new_tokens=n_new + 8, do_sample=False, eos_token_id=None,
+                               pad_token_id=0)[0].tolist()
+        out = tiny_lm(torch.tensor([ref]), output_hidden_states=True)
+    full_hidden = out.hidden_states[-1][0]  # [T, H] after the final norm
+    seen = []
+
+    class Scripted(Proposer):
+        """Drafts a of the target's own next tokens (a = step % 4), then one it rejects."""
+
+        name, needs_hidden_states = "scripted", True
+
+        def __init__(self, settings=None):
+            pass
+
+        def propose(self, requests):
+            out = []
+            for r in requests:
+                seen.append((len(r.token_ids), r.hidden_states))
+                n, a = len(r.token_ids), r.step % 4
+                good = ref[n : n + a]
+                out.append(Proposal.of((good + [(ref[n + a] + 1) % 97])[: r.k]))
+            return out
+
+    monkeypatch.setattr(registry, "PROPOSERS", {**registry.PROPOSERS, "scripted": Scripted})
+    monkeypatch.setattr(registry, "METHODS", (*registry.METHODS, "scripted"))
+    ens = LocalEnsemble(DraftBackend({"draft_model_path": "", "suffix_backend": "python"}),
+                        TargetBackend({"model_path": str(tiny_dir), "device": "cpu"}),
+                        VerifierBackend({"backend": "torch", "num_threads": "0"}))
+    gen = Generation(3, prompt, GenerationRequest("x", n_new, speculative_method="scripted", num_draft_tokens=4),
+                     real_tokenizer, [], 256, 0)
+    accepted = set()
+    while not gen.finished:
+        inp = gen.next_step()
+        (result,) = ens.run_round([inp])
+        if inp.step == 2:  # the same step again, as generate retries a failed round: the same tokens and states
+            (again,) = ens.run_round([inp])
+            assert again.output_ids == result.output_ids
+            np.testing.assert_allclose(again.hidden_states, result.hidden_states, atol=1e-5)
+        accepted.add(len(result.output_ids) - 1)
+        gen.commit(result)
+    ens.release([gen.next_step()])
+    assert gen.output_ids == ref[len(prompt): len(prompt) + n_new]
+    assert accepted >= {0, 1, 2, 3}
+    assert seen[0][1] is None  # the first step: no target state yet
+    for length, hidden in seen[1:]:
+        m = len(hidden)
+        assert 1 <= m <= 4
+        torch.testing.assert_close(hidden, full_hidden[length - 1 - m : length - 1], atol=1e-4, rtol=1e-4)
