@@ -1,5 +1,9 @@
 # make serve  - set everything up (first time) and serve the model repository on the embedded default model
-# make draft  - distil the draft LM from the target (~13 min on 2 cores; cached under ~/.cache/spec_decode; served when present)
+# make draft  - distil the draft LM from the target on the standard library's code and HumanEval's training tasks
+#               (~14 min on 2 cores, ~7 when make speculator made the teacher's passes; cached under ~/.cache/spec_decode;
+#               served when present)
+# make speculator - train the MLP speculator (speculative_method=mlp_speculator) on the same data from the target's
+#               hidden states (~13 min; cached under ~/.cache/spec_decode; served when present)
 # make test   - set everything up (first time) and run the test suite (unit + integration against a real tritonserver)
 # make bench  - the serving suite (perf_analyzer and genai-perf at concurrency 1-8 per method, disable_by_batch_size,
 #               in-process transformers generate / prompt lookup / assisted generation; JSON + PNG + goals), a repeated
@@ -17,7 +21,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 export HTTP_PORT GRPC_PORT METRICS_PORT
 
-.PHONY: setup serve draft test bench bench-serving bench-verifier gpu-check client clean
+.PHONY: setup serve draft speculator test bench bench-serving bench-verifier gpu-check client clean
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml scripts/setup.sh scripts/build_suffix_tree.sh
 	bash scripts/setup.sh
@@ -32,6 +36,9 @@ serve: $(STAMP)
 
 draft: $(STAMP)
 	$(PY) -m spec_decode.train_draft
+
+speculator: $(STAMP)
+	$(PY) -m spec_decode.train_speculator
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

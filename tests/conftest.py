@@ -32,6 +32,13 @@ def tiny_dir(tiny_lm, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def teacher_cache(tmp_path_factory):
+    """Where the training tools' tests keep the target's teacher passes (shared by make draft's and make
+    speculator's tests, as the real tools share theirs)."""
+    return tmp_path_factory.mktemp("teacher")
+
+
+@pytest.fixture(scope="session")
 def real_model_dir():
     """Folder of the embedded default target (SmolLM2-135M-Instruct), converted once."""
     from spec_decode.model_loading import prepare_default_model
@@ -71,12 +78,28 @@ def _running_server(repo, log):
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory):
-    """A real tritonserver on free ports serving the repository; the target drafts for itself (method=draft)."""
+def tiny_speculator(tmp_path_factory, teacher_cache, real_model_dir):
+    """An MLP speculator of the embedded target, trained by the tool at a tiny size (seconds; it drafts little, which
+    is all the tests need: the output must be the target's whatever the drafts)."""
+    from spec_decode.train_speculator import main
+
+    out = tmp_path_factory.mktemp("speculator") / "spec"
+    assert main(["--output", str(out), "--teacher-cache", str(teacher_cache), "--eval-prompts", "1", "--eval-tokens",
+                 "8", "--stdlib-tokens", "400", "--humaneval-tasks", "3", "--seq-len", "96", "--top-k", "8", "--steps",
+                 "20", "--batch-size", "16", "--draft-vocab", "2048"]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory, tiny_speculator):
+    """A real tritonserver on free ports serving the repository; the target drafts for itself (method=draft), and a
+    tiny speculator serves method=mlp_speculator."""
     from spec_decode.server import draft_overrides, prepare_repository
 
+    overrides = draft_overrides("default")
+    overrides["draft_model"]["mlp_speculator_path"] = str(tiny_speculator)
     log = tmp_path_factory.mktemp("triton") / "server.log"
-    yield from _running_server(prepare_repository(draft_overrides("default")), log)
+    yield from _running_server(prepare_repository(overrides), log)
 
 
 @pytest.fixture(scope="session")

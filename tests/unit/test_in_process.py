@@ -9,9 +9,10 @@ from spec_decode.proposers import METHODS, DraftModelProposer, build_proposers
 from spec_decode.request import GenerationRequest
 from spec_decode.sampling import SamplingParams
 from spec_decode.scorer import TargetScorer
+from tests.helpers import save_tiny_speculator
 
 
-def test_every_registered_method_equals_plain_greedy(tiny_dir, tiny_lm, real_tokenizer):
+def test_every_registered_method_equals_plain_greedy(tiny_dir, tiny_lm, real_tokenizer, tmp_path):
     """Every method of the registry, its proposers built from their settings as draft_model builds them (the draft LM
     = the target, hybrid falling back to it), greedy: the output equals plain greedy decoding; the self-draft's drafts
     are all accepted."""
@@ -21,7 +22,9 @@ def test_every_registered_method_equals_plain_greedy(tiny_dir, tiny_lm, real_tok
                                eos_token_id=None, pad_token_id=0)[0, 3:].tolist()
     served = build_proposers({"draft_model_path": str(tiny_dir), "device": "cpu", "dtype": "float32",
                               "suffix_backend": "python", "suffix_max_cached_requests": "16",
-                              "hybrid_fallback": "draft"})
+                              "hybrid_fallback": "draft",
+                              "mlp_speculator_path": str(save_tiny_speculator(tiny_lm, tmp_path / "spec"))})
+    assert ("none", *served) == METHODS  # every registered proposer is served here
     step = LocalStep(served, TargetScorer(CachedCausalLM(tiny_lm)))
     stats = {}
     for method in METHODS:
@@ -31,6 +34,7 @@ def test_every_registered_method_equals_plain_greedy(tiny_dir, tiny_lm, real_tok
         assert gen.output_ids == ref, method
         stats[method] = gen.stats
     assert stats["draft"].accepted_tokens == stats["draft"].draft_tokens > 0
+    assert stats["mlp_speculator"].draft_tokens > 0  # hidden states reached it in process too
     assert len(step.scorer.lm) == 0  # run_local released the caches
 
 

@@ -7,15 +7,15 @@ import torch
 
 from spec_decode.train_draft import distillation_loss, main, truncated_copy
 
-TINY = ["--eval-prompts", "2", "--train-prompts", "3", "--eval-sequences", "1", "--gen-tokens", "8", "--gen-batch",
-        "2", "--top-k", "8", "--steps", "14", "--batch-size", "2", "--seq-len", "48", "--layers", "1", "--lr", "2e-3",
-        "--checkpoint-every", "7"]
+TINY = ["--eval-prompts", "1", "--eval-tokens", "8", "--stdlib-tokens", "400", "--humaneval-tasks", "3",
+        "--corpus-seq-len", "96", "--top-k", "8", "--steps", "14", "--batch-size", "2", "--seq-len", "48", "--layers",
+        "1", "--lr", "2e-3", "--checkpoint-every", "7"]
 
 
 @pytest.fixture(scope="module")
-def tiny_draft(tmp_path_factory):
+def tiny_draft(tmp_path_factory, teacher_cache):
     out = tmp_path_factory.mktemp("draft") / "draft"
-    assert main(["--output", str(out), *TINY]) == 0
+    assert main(["--output", str(out), "--teacher-cache", str(teacher_cache), *TINY]) == 0
     return out
 
 
@@ -49,9 +49,10 @@ def test_tool_runs_end_to_end_loss_falls_and_folder_loads(tiny_draft, real_model
     assert (tiny_draft / "tokenizer.json").exists() or (tiny_draft / "tokenizer_config.json").exists()
 
 
-def test_rerun_resumes_from_the_checkpoint(tiny_draft):
+def test_rerun_resumes_from_the_checkpoint(tiny_draft, teacher_cache):
     before = json.loads((tiny_draft / "train_draft.json").read_text())["losses"]
-    assert main(["--output", str(tiny_draft), *TINY]) == 0  # same settings: resumes at the last step, trains nothing
+    # same settings: resumes at the last step, trains nothing
+    assert main(["--output", str(tiny_draft), "--teacher-cache", str(teacher_cache), *TINY]) == 0
     after = json.loads((tiny_draft / "train_draft.json").read_text())["losses"]
     assert after == before
 
@@ -105,7 +106,7 @@ def test_evaluate_steps_drafts_as_live_greedy_decoding():
         logits[0, i, 5 if m else 6] = 1.0
     teacher_idx = torch.full((len(match), 2), 5, dtype=torch.int32)
     report = evaluate(lambda ids: SimpleNamespace(logits=logits), [list(range(len(match) + 1))], [1],
-                      [(torch.zeros(len(match), 2), teacher_idx)], k=4)
+                      SimpleNamespace(top_idx=[teacher_idx]), k=4)
     assert report["top1_agreement"] == pytest.approx(0.7)
     assert report["live_steps"] == 4
     assert report["live_acceptance_per_position"] == pytest.approx([0.5, 0.5, 0.25, 0.25])

@@ -74,20 +74,17 @@ class Proposer:
         name: the ``speculative_method`` clients send (lower case).
         Settings: its typed config.pbtxt parameters (a frozen :class:`~spec_decode.settings.ConfigSettings`
             dataclass; its ``PREFIX`` is prepended to every field's name in config.pbtxt).
-        needs_draft_lm: True when it is served only where draft_model has a draft LM (generate's
-            ``draft_model_available``).
         needs_hidden_states: True when it drafts from the target's hidden states: generate then sends a sequence's
             latest ones with its steps (``ProposalRequest.hidden_states``).
         GAUGES: Prometheus gauges it exports from draft_model (name -> help), values from :meth:`gauges`.
 
     Subclasses implement :meth:`propose`, and override :meth:`from_config` (by default ``cls(settings)``),
-    :meth:`check`, :meth:`release`, :meth:`gauges` and :meth:`k_schedule` where the defaults do not fit. README,
-    "Adding a proposer", walks through an example.
+    :meth:`configured`, :meth:`check`, :meth:`release`, :meth:`gauges` and :meth:`k_schedule` where the defaults do
+    not fit. README, "Adding a proposer", walks through an example.
     """
 
     name: ClassVar[str] = ""
     Settings: ClassVar[type[ConfigSettings]] = ConfigSettings
-    needs_draft_lm: ClassVar[bool] = False
     needs_hidden_states: ClassVar[bool] = False
     GAUGES: ClassVar[dict[str, str]] = {}
 
@@ -107,6 +104,12 @@ class Proposer:
             ValueError: a setting out of range (naming the config parameter).
         """
         return cls(settings)
+
+    @classmethod
+    def configured(cls, settings) -> bool:
+        """Whether draft_model serves this proposer with these settings, decided without loading anything (generate
+        offers a method only then; the draft LM and the speculator need a model). By default: always."""
+        return True
 
     def propose(self, requests: list[ProposalRequest]) -> list[Proposal]:  # pragma: no cover - abstract
         """Propose drafts for a round's sequences (distinct seq_ids).

@@ -18,7 +18,7 @@ import torch
 
 from ..draft_vocab import DraftVocab, load_draft_vocab
 from ..kv_cache import CachedCausalLM
-from ..model_loading import load_cached_lm, resolve_draft_path
+from ..model_loading import draft_lm_configured, load_cached_lm, resolve_draft_path
 from ..sampling import generator_for, logits_to_probs, sample_from
 from ..settings import LMSettings
 from .base import Proposal, ProposalRequest, Proposer
@@ -50,7 +50,6 @@ class DraftModelProposer(Proposer):
 
     name = "draft"
     Settings = DraftLMSettings
-    needs_draft_lm = True
     GAUGES = {
         "spec_decode_draft_kv_cache_sequences": "Sequences holding a KV cache in the draft LM",
         "spec_decode_draft_kv_cache_tokens": "Tokens held in the draft LM's KV caches",
@@ -60,6 +59,11 @@ class DraftModelProposer(Proposer):
         self.lm = lm
         self.vocab = vocab
         self._kept_on_device = None  # vocab.token_ids on the draft's device (copied once, not per token)
+
+    @classmethod
+    def configured(cls, settings: DraftLMSettings) -> bool:
+        """Whether ``draft_model_path`` names a draft LM (``auto``: when ``make draft`` has built it)."""
+        return draft_lm_configured(settings.draft_model_path)
 
     @classmethod
     def from_config(cls, settings: DraftLMSettings, served) -> DraftModelProposer | None:

@@ -14,13 +14,15 @@ from dataclasses import dataclass
 from ..settings import ConfigSettings
 from .base import Proposal, ProposalRequest, Proposer
 
-FALLBACKS = ("ngram", "draft", "auto")
+FALLBACKS = ("ngram", "draft", "mlp_speculator", "auto")
+_AUTO = ("mlp_speculator", "draft", "ngram")  # auto: the first of these served (Arctic pairs suffix with a speculator)
 
 
 @dataclass(frozen=True)
 class HybridSettings(ConfigSettings):
     """Config parameter ``hybrid_fallback``: the proposer used when the suffix score is below k: ``ngram``,
-    ``draft`` (needs a draft LM) or ``auto`` (the draft LM when there is one, else ``ngram``)."""
+    ``draft`` (needs a draft LM), ``mlp_speculator`` (needs a speculator) or ``auto`` (the speculator when there is one,
+    else the draft LM when there is one, else ``ngram``)."""
 
     PREFIX = "hybrid_"
     fallback: str = "ngram"
@@ -40,6 +42,7 @@ class HybridProposer(Proposer):
 
     name = "hybrid"
     Settings = HybridSettings
+    needs_hidden_states = True  # its fallback may draft from them (the speculator)
 
     def __init__(self, suffix: Proposer, fallback: Proposer):
         self.suffix = suffix
@@ -54,10 +57,10 @@ class HybridProposer(Proposer):
         """
         fallback = settings.fallback
         if fallback == "auto":
-            fallback = "draft" if "draft" in served else "ngram"
+            fallback = next(name for name in _AUTO if name in served)
         if fallback not in served:
             raise ValueError(f"config parameter 'hybrid_fallback': {fallback!r} is not served here (draft needs a "
-                             f"draft LM: draft_model_path)")
+                             f"draft LM: draft_model_path; mlp_speculator a speculator: mlp_speculator_path)")
         return cls(served["suffix"], served[fallback])
 
     def check(self, request: ProposalRequest) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from .base import Proposer
 from .draft_lm import DraftModelProposer
 from .hybrid import HybridProposer
+from .mlp_speculator import MLPSpeculatorProposer
 from .ngram import NgramProposer
 from .schedule import ConstantK, KSchedule
 from .suffix import SuffixProposer
@@ -24,16 +25,32 @@ PROPOSERS: dict[str, type[Proposer]] = {cls.name: cls for cls in (
     DraftModelProposer,
     NgramProposer,
     SuffixProposer,
+    MLPSpeculatorProposer,
     HybridProposer,
 )}
 
 METHODS: tuple[str, ...] = (NO_SPECULATION, *PROPOSERS)
 
 
-def offered_methods(draft_lm_available: bool) -> tuple[str, ...]:
-    """The methods a server offers its clients: all of :data:`METHODS` but those that need a draft LM when
-    draft_model has none."""
-    return tuple(m for m in METHODS if m == NO_SPECULATION or draft_lm_available or not PROPOSERS[m].needs_draft_lm)
+def offered_methods(params: Mapping[str, str], draft_lm: bool | None = None) -> tuple[str, ...]:
+    """The methods a server offers its clients: ``none`` and every registered proposer that draft_model serves with
+    its config parameters ``params`` (:meth:`~.base.Proposer.configured`; nothing is loaded).
+
+    Args:
+        params: draft_model's config parameters (absent ones take their defaults).
+        draft_lm: overrides whether the draft LM (``draft``) is served (generate's ``draft_model_available``).
+
+    Raises:
+        ValueError: a config parameter out of range (named).
+    """
+    out = [NO_SPECULATION]
+    for name, cls in PROPOSERS.items():
+        served = cls.configured(cls.Settings.from_params(params))
+        if name == DraftModelProposer.name and draft_lm is not None:
+            served = draft_lm
+        if served:
+            out.append(name)
+    return tuple(out)
 
 
 def build_proposers(params: Mapping[str, str]) -> dict[str, Proposer]:

@@ -17,8 +17,8 @@ import traceback
 import numpy as np
 
 from ..generation import Chunk, Generation
-from ..model_loading import default_draft_ready, draft_lm_configured, load_tokenizer, resolve_model_path
-from ..proposers import DraftLMSettings, k_schedule, offered_methods
+from ..model_loading import load_tokenizer, resolve_model_path
+from ..proposers import DraftLMSettings, DraftModelProposer, k_schedule, offered_methods
 from ..proposers.schedule import speculation_disabled
 from ..request import RequestLimits, parse_request
 from ..settings import DraftModelSettings, GenerateSettings, InvalidInputError, one_of, warn_unknown_parameters
@@ -57,7 +57,7 @@ class GenerateBackend:
         if getattr(self.tokenizer, "backend_tokenizer", None) is None:
             raise ValueError(f"config parameter 'tokenizer_path': {s.tokenizer_path!r} has no fast tokenizer "
                              f"(tokenizer.json), which streaming needs")
-        methods = offered_methods(self._draft_lm_available(draft_params))
+        methods = self._offered_methods(draft_params)
         try:
             one_of("default_speculative_method", s.default_speculative_method, methods)
         except InvalidInputError as e:
@@ -72,22 +72,23 @@ class GenerateBackend:
         self.metrics = Metrics(pb_utils)
         self.metrics.set("spec_decode_running_sequences", 0)
 
-    def _draft_lm_available(self, draft_params: dict[str, str] | None) -> bool:
-        """Whether draft_model serves a draft LM (speculative_method ``draft``), checking generate's settings against
-        draft_model's where its config is known."""
+    def _offered_methods(self, draft_params: dict[str, str] | None) -> tuple[str, ...]:
+        """The methods draft_model serves (:func:`~spec_decode.proposers.offered_methods`), checking generate's
+        settings against draft_model's where its config is known (else its defaults: ``auto`` paths find the models
+        ``make draft`` and ``make speculator`` build)."""
         s = self.settings
-        if draft_params is None:  # draft_model's config is elsewhere: as draft_model_path "auto" finds it
-            return s.draft_model_available == "true" or (s.draft_model_available == "auto" and default_draft_ready())
-        draft_k = DraftModelSettings.from_params(draft_params).max_num_draft_tokens
-        if s.max_num_draft_tokens > draft_k:
-            raise ValueError(f"config parameter 'max_num_draft_tokens': {s.max_num_draft_tokens} is above "
-                             f"draft_model's max_num_draft_tokens={draft_k}, which refuses larger k (raise that one "
-                             f"too)")
-        configured = draft_lm_configured(DraftLMSettings.from_params(draft_params).draft_model_path)
-        if s.draft_model_available == "true" and not configured:
-            raise ValueError("config parameter 'draft_model_available': 'true', but draft_model's draft_model_path "
-                             f"{draft_params.get('draft_model_path', 'auto')!r} gives it no draft LM")
-        return configured if s.draft_model_available == "auto" else s.draft_model_available == "true"
+        forced = None if s.draft_model_available == "auto" else s.draft_model_available == "true"
+        if draft_params is not None:
+            draft_k = DraftModelSettings.from_params(draft_params).max_num_draft_tokens
+            if s.max_num_draft_tokens > draft_k:
+                raise ValueError(f"config parameter 'max_num_draft_tokens': {s.max_num_draft_tokens} is above "
+                                 f"draft_model's max_num_draft_tokens={draft_k}, which refuses larger k (raise that "
+                                 f"one too)")
+            if forced and not DraftModelProposer.configured(DraftLMSettings.from_params(draft_params)):
+                raise ValueError("config parameter 'draft_model_available': 'true', but draft_model's "
+                                 f"draft_model_path {draft_params.get('draft_model_path', 'auto')!r} gives it no draft "
+                                 f"LM")
+        return offered_methods(draft_params or {}, forced)
 
     def _start(self, inputs: dict) -> Generation:
         req = parse_request(inputs, self.limits)

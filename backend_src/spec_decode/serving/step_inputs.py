@@ -56,7 +56,7 @@ def round_inputs(inps: list[StepInputs], release: bool) -> dict[str, np.ndarray]
         out["num_draft_tokens"] = col([i.num_draft_tokens for i in inps], np.int32)
         out["speculative_method"] = col([i.method.encode() for i in inps], np.object_)
         out["seeded"] = col([p.seeded for p in params], np.bool_)
-        hidden = [i.hidden_states if not release and i.drafts and _needs_hidden(i.method) else None for i in inps]
+        hidden = [i.hidden_states if not release and i.drafts and needs_hidden_states(i.method) else None for i in inps]
         if any(h is not None and len(h) for h in hidden):
             width = next(h.shape[1] for h in hidden if h is not None and len(h))
             rows = [np.zeros((0, width), np.float32) if h is None else np.asarray(h, np.float32) for h in hidden]
@@ -68,7 +68,8 @@ def round_inputs(inps: list[StepInputs], release: bool) -> dict[str, np.ndarray]
     return out
 
 
-def _needs_hidden(method: str) -> bool:
+def needs_hidden_states(method: str) -> bool:
+    """Whether ``method``'s proposer drafts from the target's hidden states."""
     cls = registry.PROPOSERS.get(method)
     return cls is not None and cls.needs_hidden_states
 
@@ -179,6 +180,6 @@ def proposal_request(inputs: dict, methods, max_k: int) -> tuple[str, ProposalRe
                     " (served by draft_model here)")
     if method == NO_SPECULATION or k == 0:
         return method, None
-    hidden = context_hidden_states(inputs) if _needs_hidden(method) else None
+    hidden = context_hidden_states(inputs) if needs_hidden_states(method) else None
     return method, ProposalRequest(sequence_id(inputs), token_ids(inputs), k, sampling_params(inputs),
                                    int(scalar(inputs, "step", 0)), hidden)

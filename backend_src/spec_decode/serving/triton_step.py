@@ -16,7 +16,7 @@ import numpy as np
 from ..generation import Generation
 from ..protocol import StepInputs, StepResult
 from .adapter import strip_padding
-from .step_inputs import round_inputs
+from .step_inputs import needs_hidden_states, round_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -69,9 +69,11 @@ class TritonStep:
         hop) when no row drafts (:func:`~.step_inputs.round_inputs`). Returns (model name, request)."""
         inputs = round_inputs(inps, release)
         if "num_draft_tokens" in inputs:
-            model, outputs = self.model_name, ["output_ids", "output_log_probs", "hidden_states", "draft_token_ids"]
+            model, outputs = self.model_name, ["output_ids", "output_log_probs", "draft_token_ids"]
         else:
-            model, outputs = self.plain_model_name, ["output_ids", "output_log_probs", "hidden_states"]
+            model, outputs = self.plain_model_name, ["output_ids", "output_log_probs"]
+        if not release and any(needs_hidden_states(i.method) for i in inps):  # only then: a tensor less per step
+            outputs.append("hidden_states")
         tensors = [self.pb.Tensor(name, value) for name, value in inputs.items()]
         return model, self.pb.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=outputs)
 

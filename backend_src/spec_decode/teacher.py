@@ -1,0 +1,175 @@
+"""The target as a teacher: its next-token distributions and last hidden states over a corpus, teacher-forced.
+
+One batched forward pass per group of sequences (:func:`teacher_pass`) keeps, for every position t of a sequence x,
+the target's top-k log-probabilities of p(x_{t+1} | x_0..x_t) (the sparse distillation target, Hinton et al. 2015) and,
+when asked, its last hidden state after x_t (after the final norm: what its LM head reads, and what a hidden-state
+speculator drafts from). :func:`cached_teacher` keeps the result on disk in shards, outside the repository, so an
+interrupted run resumes and ``make draft`` and ``make speculator`` share one pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Teacher:
+    """The teacher's outputs for a list of sequences (index i: sequence i, positions 0..len-1).
+
+    Attributes:
+        top_logp: per sequence [n, K] float16, the top-K log-probabilities of the next token at each position.
+        top_idx: per sequence [n, K] int32, their token ids (column 0: the target's argmax).
+        hidden: per sequence [n, H] float16 last hidden states, or None when not kept.
+    """
+
+    top_logp: list[torch.Tensor]
+    top_idx: list[torch.Tensor]
+    hidden: list[torch.Tensor] | None = None
+
+
+@torch.inference_mode()
+def teacher_pass(model, sequences: list[list[int]], top_k: int = 32, with_hidden: bool = False,
+                 batch_tokens: int = 2048, progress: bool = True) -> Teacher:
+    """The target's top-k next-token log-probabilities (and hidden states) at every position of every sequence.
+
+    Sequences are grouped by length (right padding, masked) into forwards of about ``batch_tokens`` tokens.
+
+    Args:
+        model: a transformers causal LM (``get_decoder()`` and ``get_output_embeddings()``), in eval mode.
+        sequences: token-id lists (each >= 1 token).
+        top_k: probabilities kept per position.
+        with_hidden: also keep the last hidden states.
+        batch_tokens: the most (padded) tokens per forward.
+        progress: show a progress bar (tqdm).
+
+    Returns:
+        :class:`Teacher`, in the order of ``sequences``.
+    """
+    from tqdm import tqdm
+
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    dev = next(model.parameters()).device
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    logp: list = [None] * len(sequences)
+    idx: list = [None] * len(sequences)
+    hid: list | None = [None] * len(sequences) if with_hidden else None
+    bar = tqdm(total=sum(len(s) for s in sequences), desc="teacher forward", unit="tok", disable=not progress)
+    i = 0
+    while i < len(order):
+        longest = len(sequences[order[min(len(order), i + 1) - 1]])
+        group = order[i : i + max(1, batch_tokens // max(1, longest))]
+        longest = max(len(sequences[j]) for j in group)
+        ids = torch.zeros((len(group), longest), dtype=torch.long)
+        mask = torch.zeros((len(group), longest), dtype=torch.long)
+        for r, j in enumerate(group):
+            ids[r, : len(sequences[j])] = torch.tensor(sequences[j])
+            mask[r, : len(sequences[j])] = 1
+        h = decoder(input_ids=ids.to(dev), attention_mask=mask.to(dev)).last_hidden_state
+        for r, j in enumerate(group):
+            n = len(sequences[j])
+            lp, top = torch.log_softmax(head(h[r, :n]).float(), -1).topk(top_k, -1)
+            logp[j], idx[j] = lp.half().cpu(), top.int().cpu()
+            if hid is not None:
+                hid[j] = h[r, :n].half().cpu()
+            bar.update(n)
+        i += len(group)
+    bar.close()
+    return Teacher(logp, idx, hid)
+
+
+def _key(model_dir: Path, sequences: list[list[int]], top_k: int, with_hidden: bool) -> str:
+    h = hashlib.sha256()
+    cfg = Path(model_dir) / "config.json"
+    h.update(cfg.read_bytes() if cfg.exists() else str(model_dir).encode())
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        h.update(f"{f.name}:{f.stat().st_size}".encode())
+    h.update(f"{top_k}:{with_hidden}".encode())
+    for s in sequences:
+        h.update(len(s).to_bytes(4, "little"))
+        h.update(torch.tensor(s, dtype=torch.int32).numpy().tobytes())
+    return h.hexdigest()[:20]
+
+
+def cached_teacher(model, model_dir: Path, sequences: list[list[int]], cache: Path, top_k: int = 32,
+                   with_hidden: bool = False, shard: int = 64) -> Teacher:
+    """:func:`teacher_pass` kept on disk under ``cache/<key>/`` in shards of ``shard`` sequences: a rerun (or the other
+    training tool) loads what is there and computes only what is missing. The key covers the model folder, the
+    sequences, ``top_k`` and ``with_hidden``; a pass with hidden states also serves a request without them.
+
+    Returns:
+        :class:`Teacher`, in the order of ``sequences``.
+    """
+    for hidden in ((True, False) if not with_hidden else (True,)):  # a pass with hidden states serves both
+        folder = Path(cache) / _key(model_dir, sequences, top_k, hidden)
+        if (folder / "done.json").exists():
+            logger.info("teacher outputs cached in %s", folder)
+            return _load(folder, len(sequences), shard, with_hidden)
+    folder = Path(cache) / _key(model_dir, sequences, top_k, with_hidden)
+    folder.mkdir(parents=True, exist_ok=True)
+    starts = range(0, len(sequences), shard)
+    todo = [s for s in starts if not (folder / f"shard-{s // shard:05d}.pt").exists()]
+    if len(todo) < len(starts):
+        logger.info("teacher outputs: resuming in %s (%d of %d shards done)", folder, len(starts) - len(todo),
+                    len(starts))
+    from tqdm import tqdm
+
+    for s in tqdm(todo, desc="teacher shards", unit="shard"):
+        part = teacher_pass(model, sequences[s : s + shard], top_k, with_hidden, progress=False)
+        tmp = folder / f"shard-{s // shard:05d}.pt.tmp"
+        torch.save({"top_logp": part.top_logp, "top_idx": part.top_idx, "hidden": part.hidden}, tmp)
+        tmp.rename(folder / f"shard-{s // shard:05d}.pt")
+    (folder / "done.json").write_text(json.dumps({"sequences": len(sequences), "top_k": top_k,
+                                                  "with_hidden": with_hidden, "shard": shard}))
+    return _load(folder, len(sequences), shard, with_hidden)
+
+
+def _load(folder: Path, n: int, shard: int, with_hidden: bool) -> Teacher:
+    shard = json.loads((folder / "done.json").read_text()).get("shard", shard)
+    out = Teacher([], [], [] if with_hidden else None)
+    for s in range(0, n, shard):
+        part = torch.load(folder / f"shard-{s // shard:05d}.pt")
+        out.top_logp += part["top_logp"]
+        out.top_idx += part["top_idx"]
+        if with_hidden:
+            out.hidden += part["hidden"]
+    return out
+
+
+def greedy_continuations(model, tok, prompts: list[str], new_tokens: int, batch_size: int = 16,
+                         cache: Path | None = None) -> list[list[int]]:
+    """prompt ids + the target's greedy continuation (EOS and after dropped) for every prompt, batched
+    (transformers ``generate``); kept in ``cache`` (keyed by the model's config, the prompts and ``new_tokens``)."""
+    from tqdm import tqdm
+
+    key = hashlib.sha256(json.dumps([str(model.config.to_dict()), prompts, new_tokens]).encode()).hexdigest()[:20]
+    file = None if cache is None else Path(cache) / f"continuations-{key}.json"
+    if file is not None and file.exists():
+        return json.loads(file.read_text())
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    out = []
+    for i in tqdm(range(0, len(prompts), batch_size), desc="target continuations", unit="batch"):
+        enc = tok(prompts[i : i + batch_size], return_tensors="pt", padding=True)
+        with torch.inference_mode():
+            gen = model.generate(**enc, max_new_tokens=new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
+        for row, mask in zip(gen, enc["attention_mask"]):
+            ids = row.tolist()
+            start = int(mask.numel() - mask.sum())  # left padding
+            prompt_len = int(mask.numel())
+            cont = ids[prompt_len:]
+            if tok.eos_token_id in cont:
+                cont = cont[: cont.index(tok.eos_token_id)]
+            out.append(ids[start:prompt_len] + cont)
+    if file is not None:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(json.dumps(out))
+    return out
