@@ -12,6 +12,19 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _no_machine_speculator(tmp_path_factory):
+    """In this process ``mlp_speculator_path: auto`` finds no speculator, whether or not ``make speculator`` has built
+    one on this machine: a test that serves the speculator names its folder (servers started by tests are separate
+    processes and still see the machine's)."""
+    from spec_decode.proposers import mlp_speculator
+
+    missing = tmp_path_factory.mktemp("no-speculator") / "none"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mlp_speculator, "default_speculator_dir", lambda: missing)
+        yield
+
+
 @pytest.fixture(scope="session")
 def tiny_lm():
     """A tiny random LlamaForCausalLM (vocabulary 97, 2 layers) in eval mode, fixed seed."""
@@ -98,6 +111,7 @@ def server(tmp_path_factory, tiny_speculator):
 
     overrides = draft_overrides("default")
     overrides["draft_model"]["mlp_speculator_path"] = str(tiny_speculator)
+    overrides["draft_model"]["mlp_speculator_min_token_prob"] = "0"  # the tiny one is unsure: draft every slot
     log = tmp_path_factory.mktemp("triton") / "server.log"
     yield from _running_server(prepare_repository(overrides), log)
 

@@ -23,7 +23,8 @@ def test_every_registered_method_equals_plain_greedy(tiny_dir, tiny_lm, real_tok
     served = build_proposers({"draft_model_path": str(tiny_dir), "device": "cpu", "dtype": "float32",
                               "suffix_backend": "python", "suffix_max_cached_requests": "16",
                               "hybrid_fallback": "draft",
-                              "mlp_speculator_path": str(save_tiny_speculator(tiny_lm, tmp_path / "spec"))})
+                              "mlp_speculator_path": str(save_tiny_speculator(tiny_lm, tmp_path / "spec")),
+                              "mlp_speculator_min_token_prob": "0"})
     assert ("none", *served) == METHODS  # every registered proposer is served here
     step = LocalStep(served, TargetScorer(CachedCausalLM(tiny_lm)))
     stats = {}

@@ -28,7 +28,8 @@ def test_tool_runs_end_to_end_resumes_and_its_folder_serves(tmp_path, teacher_ca
     assert json.loads((out / "train_speculator.json").read_text())["losses"] == losses
     assert len(list(teacher_cache.glob("*/done.json"))) >= 2  # the corpus' pass and the held-out tasks'
 
-    proposer = MLPSpeculatorProposer.from_config(MLPSpeculatorSettings(mlp_speculator_path=str(out)), {})
+    proposer = MLPSpeculatorProposer.from_config(MLPSpeculatorSettings(mlp_speculator_path=str(out),
+                                                                       mlp_speculator_min_token_prob=0.0), {})
     hidden = torch.randn(2, 576)
     (p,) = proposer.propose([ProposalRequest(1, [1, 2, 3], 5, SamplingParams(), 0, hidden)])
     assert len(p.draft_token_ids) == 3  # at most n_predict

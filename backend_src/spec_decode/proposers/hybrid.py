@@ -1,10 +1,11 @@
 """Hybrid proposer (Arctic Inference): the suffix draft when its score reaches k, otherwise another proposer's.
 
 The score of a suffix draft is the expected number of accepted tokens (sum of its running probabilities), so score >= k
-means suffix matching expects to fill all k draft slots; otherwise the fallback proposer (the draft LM, or n-gram prompt
-lookup where no draft model is configured) drafts this step. Both are composed through the proposer contract: one
-suffix call for the round's sequences, then one fallback call for those whose score fell short. The request's suffix
-tree is updated every step either way.
+means suffix matching expects to fill all k draft slots; otherwise the fallback proposer (the speculator, the draft LM,
+or n-gram prompt lookup) drafts this step, unless it proposes nothing or its own score (the speculator's estimate of
+its accepted count) is below the suffix score, where the suffix draft stays. Both are composed through the proposer
+contract: one suffix call for the round's sequences, then one fallback call for those whose score fell short. The
+request's suffix tree is updated every step either way.
 """
 
 from __future__ import annotations
@@ -68,12 +69,16 @@ class HybridProposer(Proposer):
         self.fallback.check(request)
 
     def propose(self, requests: list[ProposalRequest]) -> list[Proposal]:
-        """Per request, the suffix draft if its score >= k, else the fallback's proposal."""
+        """Per request, the suffix draft if its score >= k, else the fallback's proposal, unless the fallback
+        proposes nothing or scores its proposal (the speculator does) below the suffix score: then the suffix
+        draft."""
         out = self.suffix.propose(requests)
         short = [i for i, (r, p) in enumerate(zip(requests, out)) if (p.score or 0.0) < r.k]
         if short:
             for i, p in zip(short, self.fallback.propose([requests[i] for i in short])):
-                out[i] = p
+                mine = out[i].score or 0.0
+                if len(p.draft_token_ids) and (p.score is None or p.score >= mine):
+                    out[i] = p
         return out
 
     def release(self, seq_id: int, final_token_ids: list[int] | None = None) -> None:

@@ -30,7 +30,7 @@ from torch import nn
 from ..draft_vocab import DraftVocab, load_draft_vocab
 from ..model_loading import cache_dir, resolve_device, resolve_dtype
 from ..sampling import generator_for, logits_to_probs, sample_from
-from ..settings import LMSettings
+from ..settings import LMSettings, in_range
 from .base import Proposal, ProposalRequest, Proposer
 
 _PURPOSE = 5  # noise purpose of the speculator's sampled drafts
@@ -151,27 +151,41 @@ class MLPSpeculatorSettings(LMSettings):
     Attributes:
         mlp_speculator_path: ``auto`` (the speculator ``make speculator`` trains, when it exists; else none), ``""``
             or ``none`` (not served), or a folder with ``config.json`` and ``speculator.safetensors``.
+        mlp_speculator_min_token_prob: a step drafts its next slot while the product of its drafts' probabilities so
+            far and the stage's top probability is >= this, in [0, 1]; 0 drafts every slot. Each draft slot costs a
+            scored position whether accepted or not, so an unsure speculator should stop early (as suffix decoding's
+            ``suffix_min_token_prob``; EAGLE-2 prunes its draft trees by the same confidence).
     """
 
     mlp_speculator_path: str = "auto"
+    mlp_speculator_min_token_prob: float = 0.3
+
+    def check(self) -> None:
+        super().check()
+        in_range("mlp_speculator_min_token_prob", self.mlp_speculator_min_token_prob, 0.0, 1.0)
 
 
 class MLPSpeculatorProposer(Proposer):
     """Drafts with an :class:`MLPSpeculator` from the target's hidden state (``speculative_method=mlp_speculator``).
 
-    A request without hidden states (its first step) gets no drafts. k is at most the speculator's ``n_predict``.
+    A request without hidden states (its first step) gets no drafts. k is at most the speculator's ``n_predict``, and
+    a step stops drafting at the first slot where (the product of its drafts' probabilities so far) x (the stage's
+    top probability) falls below ``min_token_prob``: the rule reads the distributions, never the sampled token, so
+    rejection sampling stays exact. A proposal's score is the sum of its drafts' running probabilities: the
+    speculator's own estimate of the accepted count (what hybrid compares with the suffix score).
 
     Args:
         model: the speculator (on its device and dtype).
         vocab: its pruned vocabulary over the target's.
+        min_token_prob: the confidence under which a step stops drafting, in [0, 1].
     """
 
     name = "mlp_speculator"
     Settings = MLPSpeculatorSettings
     needs_hidden_states = True
 
-    def __init__(self, model: MLPSpeculator, vocab: DraftVocab):
-        self.model, self.vocab = model, vocab
+    def __init__(self, model: MLPSpeculator, vocab: DraftVocab, min_token_prob: float = 0.0):
+        self.model, self.vocab, self.min_token_prob = model, vocab, min_token_prob
         self._kept = vocab.token_ids.to(model.head.device)
 
     @classmethod
@@ -194,21 +208,33 @@ class MLPSpeculatorProposer(Proposer):
             return None
         device = resolve_device(settings.device)
         model, vocab = MLPSpeculator.load(path)
-        return cls(model.to(device=device, dtype=resolve_dtype(settings.dtype, device)), vocab)
+        return cls(model.to(device=device, dtype=resolve_dtype(settings.dtype, device)), vocab,
+                   settings.mlp_speculator_min_token_prob)
 
     @torch.inference_mode()
     def propose(self, requests: list[ProposalRequest]) -> list[Proposal]:
-        """Per request, up to min(k, n_predict) drafts, each stage run once for every request that still drafts;
-        draft_probs [k', V] float32 (the request's sampling transforms over the kept tokens, scattered back)."""
+        """Per request, up to min(k, n_predict) drafts, each stage run once for the requests still drafting;
+        draft_probs [k', V] float32 (the request's sampling transforms over the kept tokens, scattered back); score
+        the sum of the drafts' running probabilities."""
         m, vocab = self.model, self.vocab
         live = [j for j, r in enumerate(requests) if r.hidden_states is not None and len(r.hidden_states)]
         drafts: list[list[int]] = [[] for _ in requests]
         rows: list[list[torch.Tensor]] = [[] for _ in requests]
+        running = [1.0] * len(requests)  # the product of the row's drafts' probabilities so far
+        stopped = [False] * len(requests)
+        score = [0.0] * len(requests)
         if live:
             dev, dtype = m.head.device, m.head.dtype
             state = torch.stack([requests[j].hidden_states[-1] for j in live]).to(device=dev, dtype=dtype)
             tokens = torch.tensor([vocab.map_ids([requests[j].token_ids[-1]])[0] for j in live], device=dev)
-            for i in range(min(m.n_predict, max(requests[j].k for j in live))):
+            for i in range(m.n_predict):
+                # rows that have their k drafts, or whose next slot fell below the threshold, stop
+                keep = [row for row, j in enumerate(live) if i < requests[j].k and not stopped[j]]
+                if not keep:
+                    break
+                if len(keep) < len(live):
+                    at = torch.tensor(keep, dtype=torch.long, device=dev)
+                    state, tokens, live = state[at], tokens[at], [live[row] for row in keep]
                 state, logits = m.stage(i, state, tokens)
                 nxt = []
                 for row, j in enumerate(live):
@@ -219,11 +245,19 @@ class MLPSpeculatorProposer(Proposer):
                     else:
                         tok = sample_from(probs, generator_for(r.params.seed, r.step, _PURPOSE, i))
                     nxt.append(tok)
-                    if i < r.k:
-                        full = torch.zeros(vocab.target_vocab_size, dtype=torch.float32, device=probs.device)
-                        full[self._kept] = probs.float()
-                        drafts[j].append(int(vocab.token_ids[tok]))
-                        rows[j].append(full)
+                    # The decision to draft this slot reads the stage's distribution (its top probability), never
+                    # the token sampled from it: a rule that kept a sampled draft only when its own probability was
+                    # high would draft from q cut to its likely tokens while reporting q, and rejection sampling
+                    # would lose the target's law. For greedy rows the top probability is the draft's own.
+                    if running[j] * float(probs.max()) < self.min_token_prob:
+                        stopped[j] = True
+                        continue
+                    running[j] *= float(probs[tok])
+                    full = torch.zeros(vocab.target_vocab_size, dtype=torch.float32, device=probs.device)
+                    full[self._kept] = probs.float()
+                    drafts[j].append(int(vocab.token_ids[tok]))
+                    rows[j].append(full)
+                    score[j] += running[j]
                 tokens = torch.tensor(nxt, device=dev)
-        return [Proposal(torch.tensor(d, dtype=torch.int64), torch.stack(r)) if d else Proposal.empty()
-                for d, r in zip(drafts, rows)]
+        return [Proposal(torch.tensor(d, dtype=torch.int64), torch.stack(r), sc) if d else Proposal.empty()
+                for d, r, sc in zip(drafts, rows, score)]

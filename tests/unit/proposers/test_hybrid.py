@@ -52,3 +52,27 @@ def test_a_round_goes_to_the_fallback_in_one_call_for_the_sequences_whose_score_
     assert [p.draft_token_ids.tolist() for p in out] == [[90, 91, 92], [3, 4, 5], [90, 91]]
     assert fallback.calls == [[1, 3]]  # one call for the round's short-scored sequences, in order
     assert out[1].score == 3.0
+
+
+class _Scored(Proposer):
+    """Proposes ``tokens[:k]`` with a fixed score (None: unscored), or nothing when ``tokens`` is empty."""
+
+    name = "scored"
+
+    def __init__(self, tokens, score):
+        self.tokens, self.score = tokens, score
+
+    def propose(self, requests):
+        return [Proposal(torch.tensor(self.tokens[: r.k], dtype=torch.int64), None, self.score) for r in requests]
+
+
+def test_a_short_suffix_draft_stays_when_the_fallback_has_nothing_or_scores_lower():
+    req = [ProposalRequest(1, [1, 2], 3, GREEDY, 0)]
+
+    def drafts(fallback):
+        return HybridProposer(_Scored([7, 8], 1.5), fallback).propose(req)[0].draft_token_ids.tolist()
+
+    assert drafts(_Scored([4, 5, 6], 2.0)) == [4, 5, 6]  # the speculator expects more: its draft
+    assert drafts(_Scored([4, 5, 6], 1.0)) == [7, 8]  # it expects less than suffix matching: suffix's
+    assert drafts(_Scored([4, 5, 6], None)) == [4, 5, 6]  # an unscored fallback (n-gram, draft LM) drafts
+    assert drafts(_Scored([], None)) == [7, 8]  # ... unless it has nothing

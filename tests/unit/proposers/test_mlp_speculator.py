@@ -24,6 +24,10 @@ def _speculator(tiny_lm, n_predict=3, seed=0):
     return MLPSpeculator(torch.cat([emb, emb.mean(0, keepdim=True)]), head, n_predict), vocab
 
 
+def _every_slot(folder, min_token_prob=0.0):
+    return MLPSpeculatorSettings(mlp_speculator_path=str(folder), mlp_speculator_min_token_prob=min_token_prob)
+
+
 @pytest.fixture
 def speculator_dir(tiny_lm, tmp_path):
     return save_tiny_speculator(tiny_lm, tmp_path / "spec", KEPT)
@@ -43,7 +47,7 @@ def test_the_folder_round_trips_and_the_path_resolves(speculator_dir, tiny_lm):
 
 
 def test_greedy_drafts_follow_the_stages_argmax_chain_from_the_last_hidden_state(speculator_dir):
-    p = MLPSpeculatorProposer.from_config(MLPSpeculatorSettings(mlp_speculator_path=str(speculator_dir)), {})
+    p = MLPSpeculatorProposer.from_config(_every_slot(speculator_dir), {})
     hidden = torch.randn(2, 32)
     reqs = [ProposalRequest(1, [4, 8], 4, SamplingParams(), 0, hidden),
             ProposalRequest(2, [6], 2, SamplingParams(), 0, hidden[:1] * 2),
@@ -61,10 +65,40 @@ def test_greedy_drafts_follow_the_stages_argmax_chain_from_the_last_hidden_state
     assert (probs[:, [t for t in range(97) if t not in KEPT]] == 0).all()
 
 
+def test_a_step_drafts_while_its_confidence_holds_and_scores_its_drafts(speculator_dir):
+    """With min_token_prob = t, each proposal is the prefix of the every-slot proposal up to the first slot i where
+    (product of the drafts' probabilities before i) x (slot i's top probability) < t; its score is the sum of its
+    drafts' running probabilities (greedy and sampled rows alike)."""
+    hidden = torch.randn(40, 32) * 3
+    reqs = [ProposalRequest(i, [4, 8], 3, SamplingParams() if i % 2 else SamplingParams(temperature=1.0, seed=i), 0,
+                            hidden[i : i + 1]) for i in range(40)]
+    every = MLPSpeculatorProposer.from_config(_every_slot(speculator_dir), {}).propose(reqs)
+    running, confidence = [], []
+    for p in every:
+        chosen = p.draft_probs[torch.arange(len(p.draft_token_ids)), p.draft_token_ids].double()
+        running.append(torch.cumprod(chosen, 0))
+        confidence.append(torch.cat([torch.ones(1, dtype=torch.float64), running[-1][:-1]])
+                          * p.draft_probs.double().max(-1).values)
+        assert p.score == pytest.approx(float(running[-1].sum()), rel=1e-5)
+    t = float(torch.stack([c[0] for c in confidence]).median())  # about half the rows draft nothing
+    cut = MLPSpeculatorProposer.from_config(_every_slot(speculator_dir, t), {}).propose(reqs)
+    lengths = []
+    for p, q, run, conf in zip(every, cut, running, confidence):
+        n = int((conf >= t).cumprod(0).sum())
+        lengths.append(n)
+        assert q.draft_token_ids.tolist() == p.draft_token_ids[:n].tolist()
+        if n:
+            torch.testing.assert_close(q.draft_probs, p.draft_probs[:n])
+            assert q.score == pytest.approx(float(run[:n].sum()), rel=1e-5)
+    assert 0 in lengths and max(lengths) > 0  # the rule cut some rows, not all
+    with pytest.raises(Exception, match="mlp_speculator_min_token_prob"):
+        MLPSpeculatorSettings(mlp_speculator_min_token_prob=1.5)
+
+
 def test_sampled_drafts_come_from_the_distributions_they_return(speculator_dir):
     """The first draft's frequencies over 4000 seeds match its draft_probs (chi-square): rejection sampling, exact
     for any q it is given with its drafts, then keeps the target's law."""
-    p = MLPSpeculatorProposer.from_config(MLPSpeculatorSettings(mlp_speculator_path=str(speculator_dir)), {})
+    p = MLPSpeculatorProposer.from_config(_every_slot(speculator_dir), {})
     hidden = torch.randn(1, 32) * 3
     reqs = [ProposalRequest(i, [4, 8], 1, SamplingParams(temperature=1.0, seed=i), 0, hidden) for i in range(4000)]
     out = p.propose(reqs)
@@ -77,8 +111,11 @@ def test_sampled_drafts_come_from_the_distributions_they_return(speculator_dir):
         > 1e-3
 
 
+# 0: every slot. 0.0006 sits among the untrained tiny speculator's (near-uniform) confidences at the second slot, so
+# whether a step drafts it depends on the first sampled draft: the law must hold under that stopping rule too.
+@pytest.mark.parametrize("min_token_prob", [0.0, 0.0006])
 def test_through_the_served_backends_greedy_output_is_the_target_s_and_sampled_output_its_law(
-        speculator_dir, tiny_dir, tiny_lm, real_tokenizer):
+        speculator_dir, tiny_dir, tiny_lm, real_tokenizer, min_token_prob):
     from spec_decode.generation import Generation
     from spec_decode.request import GenerationRequest
     from spec_decode.serving.draft_model import DraftBackend
@@ -87,7 +124,8 @@ def test_through_the_served_backends_greedy_output_is_the_target_s_and_sampled_o
     from spec_decode.serving.verifier_model import VerifierBackend
 
     ens = LocalEnsemble(DraftBackend({"draft_model_path": "", "suffix_backend": "python", "device": "cpu",
-                                      "mlp_speculator_path": str(speculator_dir)}),
+                                      "mlp_speculator_path": str(speculator_dir),
+                                      "mlp_speculator_min_token_prob": str(min_token_prob)}),
                         TargetBackend({"model_path": str(tiny_dir), "device": "cpu"}),
                         VerifierBackend({"backend": "torch", "num_threads": "0"}))
 
@@ -112,8 +150,10 @@ def test_through_the_served_backends_greedy_output_is_the_target_s_and_sampled_o
         p2 = torch.softmax(tiny_lm(torch.tensor([[*prompt, t] for t in range(97)])).logits[:, -1].double(), -1)
     marginal = (p1[:, None] * p2).sum(0).numpy()
     n = 1500
-    counts = np.bincount([run(100 + s, prompt, 2, temperature=1.0, random_seed=s).output_ids[1] for s in range(n)],
-                         minlength=97)
+    gens = [run(100 + s, prompt, 2, temperature=1.0, random_seed=s) for s in range(n)]
+    counts = np.bincount([g.output_ids[1] for g in gens], minlength=97)
+    drafted = {g.stats.draft_tokens for g in gens}  # the second step's drafts: 3 each, or fewer where the rule cut
+    assert drafted == {3} if min_token_prob == 0 else len(drafted) > 1, drafted
     big = marginal * n >= 5  # the rest pooled into one bin
     observed, expected = counts[big], marginal[big] * n
     if (~big).any():
