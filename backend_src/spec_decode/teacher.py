@@ -173,3 +173,49 @@ def greedy_continuations(model, tok, prompts: list[str], new_tokens: int, batch_
         file.parent.mkdir(parents=True, exist_ok=True)
         file.write_text(json.dumps(out))
     return out
+
+
+@dataclass
+class TrainingData:
+    """What ``make draft`` and ``make speculator`` learn from and are evaluated on (:func:`training_data`).
+
+    Attributes:
+        corpus: the training corpus (:class:`spec_decode.corpus.Corpus`).
+        teacher: the target's outputs over ``corpus.sequences``.
+        eval_sequences: per held-out HumanEval task, prompt ids + the target's greedy continuation.
+        eval_prompt_lens: their prompts' lengths in tokens.
+        eval_teacher: the target's outputs over ``eval_sequences``.
+    """
+
+    corpus: object
+    teacher: Teacher
+    eval_sequences: list[list[int]]
+    eval_prompt_lens: list[int]
+    eval_teacher: Teacher
+
+
+def training_data(target, target_dir: Path, tok, cache: Path, *, stdlib_tokens: int, seq_len: int, seed: int,
+                  humaneval_tasks: int, top_k: int, eval_prompts: int, eval_tokens: int, with_hidden: bool,
+                  phases: int) -> TrainingData:
+    """The training tools' phases 1 and 2 (of ``phases``, logged): the corpus, the target's passes over it (cached
+    under ``cache``) and the held-out tasks 0..``eval_prompts``-1 continued greedily by the target, with its passes.
+
+    Raises:
+        ValueError: ``eval_prompts`` outside [1, HELD_OUT].
+    """
+    from .corpus import HELD_OUT, heldout_tasks, training_corpus
+
+    if not 1 <= eval_prompts <= HELD_OUT:
+        raise ValueError(f"--eval-prompts must be in [1, {HELD_OUT}], got {eval_prompts}")
+    logger.info("phase 1/%d: corpus (standard library up to %d tokens, HumanEval tasks from %d)", phases,
+                stdlib_tokens, HELD_OUT)
+    corpus = training_corpus(tok, stdlib_tokens, seq_len, seed, humaneval_tasks)
+    logger.info("  %d sequences, %d tokens, %d standard-library files", len(corpus.sequences), corpus.tokens,
+                len(corpus.files))
+    logger.info("phase 2/%d: the target's %stop-%d distributions", phases, "hidden states and " * with_hidden, top_k)
+    teacher = cached_teacher(target, target_dir, corpus.sequences, cache, top_k, with_hidden=with_hidden)
+    tasks = heldout_tasks(eval_prompts)
+    eval_seqs = greedy_continuations(target, tok, [t["prompt"] for t in tasks], eval_tokens, cache=cache)
+    eval_lens = [len(tok(t["prompt"])["input_ids"]) for t in tasks]
+    eval_teacher = cached_teacher(target, target_dir, eval_seqs, cache, top_k, with_hidden=with_hidden)
+    return TrainingData(corpus, teacher, eval_seqs, eval_lens, eval_teacher)

@@ -226,7 +226,6 @@ def main(argv: list[str] | None = None) -> int:
     """Run (or resume) the distillation; writes the draft folder. Returns 0."""
     from tqdm import tqdm
 
-    from .corpus import HELD_OUT, heldout_tasks, training_corpus
     from .model_loading import (
         cache_dir,
         default_draft_dir,
@@ -235,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         load_tokenizer,
         prepare_default_model,
     )
-    from .teacher import cached_teacher, greedy_continuations
+    from .teacher import training_data
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--output", type=Path, default=None, help="draft folder (default: the cache's default draft)")
@@ -264,8 +263,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.if_missing and args.output is None and default_draft_ready():
         logger.info("draft model ready at %s", default_draft_dir())
         return 0
-    if not 1 <= args.eval_prompts <= HELD_OUT:
-        raise ValueError(f"--eval-prompts must be in [1, {HELD_OUT}], got {args.eval_prompts}")
     t_start = time.perf_counter()
 
     out = Path(args.output or default_draft_dir()).expanduser()
@@ -279,18 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     tok = load_tokenizer(target_dir)
     target = load_causal_lm(target_dir, torch.device("cpu"), torch.float32).eval()
 
-    logger.info("phase 1/4: corpus (standard library up to %d tokens, HumanEval tasks from %d)", args.stdlib_tokens,
-                HELD_OUT)
-    corpus = training_corpus(tok, args.stdlib_tokens, args.corpus_seq_len, args.seed, args.humaneval_tasks)
-    logger.info("  %d sequences, %d tokens, %d standard-library files", len(corpus.sequences), corpus.tokens,
-                len(corpus.files))
-    logger.info("phase 2/4: the target's top-%d distributions", args.top_k)
-    teacher = cached_teacher(target, target_dir, corpus.sequences, teacher_cache, args.top_k)
-    tasks = heldout_tasks(args.eval_prompts)
-    eval_seqs = greedy_continuations(target, tok, [t["prompt"] for t in tasks], args.eval_tokens,
-                                     cache=teacher_cache)
-    eval_lens = [len(tok(t["prompt"])["input_ids"]) for t in tasks]
-    eval_teacher = cached_teacher(target, target_dir, eval_seqs, teacher_cache, args.top_k)
+    data = training_data(target, target_dir, tok, teacher_cache, stdlib_tokens=args.stdlib_tokens,
+                         seq_len=args.corpus_seq_len, seed=args.seed, humaneval_tasks=args.humaneval_tasks,
+                         top_k=args.top_k, eval_prompts=args.eval_prompts, eval_tokens=args.eval_tokens,
+                         with_hidden=False, phases=4)
+    corpus, teacher = data.corpus, data.teacher
+    eval_seqs, eval_lens, eval_teacher = data.eval_sequences, data.eval_prompt_lens, data.eval_teacher
     data_key = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                 if k not in ("output", "fresh", "if_missing", "checkpoint_every", "teacher_cache")}
 

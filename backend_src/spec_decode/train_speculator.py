@@ -120,10 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run (or resume) the training; writes the speculator folder. Returns 0."""
     from tqdm import tqdm
 
-    from .corpus import HELD_OUT, heldout_tasks, training_corpus
     from .model_loading import cache_dir, load_causal_lm, load_tokenizer, prepare_default_model
     from .proposers.mlp_speculator import REPORT_FILE, MLPSpeculator, default_speculator_dir
-    from .teacher import cached_teacher, greedy_continuations
+    from .teacher import training_data
     from .train_draft import choose_vocabulary, distillation_loss
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -152,8 +151,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.if_missing and args.output is None and (default_out / REPORT_FILE).exists():
         logger.info("speculator ready at %s", default_out)
         return 0
-    if not 1 <= args.eval_prompts <= HELD_OUT:
-        raise ValueError(f"--eval-prompts must be in [1, {HELD_OUT}], got {args.eval_prompts}")
     t_start = time.perf_counter()
     out = Path(args.output or default_out).expanduser()
     work = out.with_name(out.name + ".work")
@@ -166,20 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     tok = load_tokenizer(target_dir)
     target = load_causal_lm(target_dir, torch.device("cpu"), torch.float32).eval()
 
-    logger.info("phase 1/5: corpus (standard library up to %d tokens, HumanEval tasks from %d)", args.stdlib_tokens,
-                HELD_OUT)
-    corpus = training_corpus(tok, args.stdlib_tokens, args.seq_len, args.seed, args.humaneval_tasks)
-    logger.info("  %d sequences, %d tokens, %d standard-library files", len(corpus.sequences), corpus.tokens,
-                len(corpus.files))
-    logger.info("phase 2/5: the target's hidden states and top-%d distributions", args.top_k)
-    teacher = cached_teacher(target, target_dir, corpus.sequences, teacher_cache, args.top_k,
-                             with_hidden=True)
-    tasks = heldout_tasks(args.eval_prompts)
-    eval_seqs = greedy_continuations(target, tok, [t["prompt"] for t in tasks], args.eval_tokens,
-                                     cache=teacher_cache)
-    eval_lens = [len(tok(t["prompt"])["input_ids"]) for t in tasks]
-    eval_teacher = cached_teacher(target, target_dir, eval_seqs, teacher_cache, args.top_k,
-                                  with_hidden=True)
+    data = training_data(target, target_dir, tok, teacher_cache, stdlib_tokens=args.stdlib_tokens,
+                         seq_len=args.seq_len, seed=args.seed, humaneval_tasks=args.humaneval_tasks, top_k=args.top_k,
+                         eval_prompts=args.eval_prompts, eval_tokens=args.eval_tokens, with_hidden=True,
+                         phases=5)
+    corpus, teacher = data.corpus, data.teacher
+    eval_seqs, eval_lens, eval_teacher = data.eval_sequences, data.eval_prompt_lens, data.eval_teacher
 
     logger.info("phase 3/5: vocabulary of %d tokens", args.draft_vocab)
     vocab = choose_vocabulary(corpus.sequences, list(zip(teacher.top_logp, teacher.top_idx)), args.draft_vocab,
