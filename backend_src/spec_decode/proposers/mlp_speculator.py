@@ -30,7 +30,7 @@ from torch import nn
 from ..draft_vocab import DraftVocab, load_draft_vocab
 from ..model_loading import cache_dir, resolve_device, resolve_dtype
 from ..sampling import generator_for, logits_to_probs, sample_from
-from ..settings import LMSettings, in_range
+from ..settings import InvalidInputError, LMSettings, in_range
 from .base import Proposal, ProposalRequest, Proposer
 
 _PURPOSE = 5  # noise purpose of the speculator's sampled drafts
@@ -210,6 +210,22 @@ class MLPSpeculatorProposer(Proposer):
         model, vocab = MLPSpeculator.load(path)
         return cls(model.to(device=device, dtype=resolve_dtype(settings.dtype, device)), vocab,
                    settings.mlp_speculator_min_token_prob)
+
+    def check(self, request: ProposalRequest) -> None:
+        """A request's hidden states must be [m, H] with H the speculator's (the target's hidden size), finite.
+
+        Raises:
+            InvalidInputError: naming ``context_hidden_states``.
+        """
+        h = request.hidden_states
+        if h is None or not len(h):
+            return
+        size = self.model.embedding.shape[1]
+        if h.ndim != 2 or h.shape[1] != size:
+            raise InvalidInputError("context_hidden_states", f"must be [m, {size}] (the target's hidden size), got "
+                                    f"{list(h.shape)}")
+        if not torch.isfinite(h[-1]).all():
+            raise InvalidInputError("context_hidden_states", "must be finite")
 
     @torch.inference_mode()
     def propose(self, requests: list[ProposalRequest]) -> list[Proposal]:

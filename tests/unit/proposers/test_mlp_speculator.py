@@ -159,3 +159,13 @@ def test_through_the_served_backends_greedy_output_is_the_target_s_and_sampled_o
     if (~big).any():
         observed, expected = np.append(observed, counts[~big].sum()), np.append(expected, marginal[~big].sum() * n)
     assert chisquare(observed, expected * observed.sum() / expected.sum()).pvalue > 1e-3, (counts, marginal)
+
+
+def test_hidden_states_of_another_width_or_not_finite_are_refused_naming_the_input(speculator_dir):
+    p = MLPSpeculatorProposer.from_config(_every_slot(speculator_dir), {})
+    p.check(ProposalRequest(1, [4], 2, SamplingParams(), 0, torch.randn(3, 32)))
+    p.check(ProposalRequest(1, [4], 2, SamplingParams(), 0, None))  # none yet: no drafts, no error
+    with pytest.raises(ValueError, match=r"context_hidden_states.*\[m, 32\].*\[2, 31\]"):
+        p.check(ProposalRequest(1, [4], 2, SamplingParams(), 0, torch.randn(2, 31)))
+    with pytest.raises(ValueError, match="context_hidden_states.*finite"):
+        p.check(ProposalRequest(1, [4], 2, SamplingParams(), 0, torch.full((1, 32), float("nan"))))
