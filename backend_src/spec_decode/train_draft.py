@@ -23,9 +23,9 @@ rejection sampling stays exact (the draft's probability is zero outside the set;
 
 The result is an ordinary Hugging Face folder (config.json, model.safetensors, tokenizer files) plus
 ``draft_vocab.json`` and ``train_draft.json`` (settings, corpus, loss curve, evaluation), written atomically to
-``--output`` (default ``$SPEC_DECODE_CACHE/models/SmolLM2-135M-Instruct-draft``, outside the repository). About 14
-minutes on 2 CPU cores with the defaults (the teacher's passes ~8, skipped when ``make speculator`` made them;
-distillation ~6).
+``--output`` (default ``$SPEC_DECODE_CACHE/models/SmolLM2-135M-Instruct-draft``, outside the repository). About 9
+minutes on 2 CPU cores with the defaults (the teacher's passes ~5, skipped when ``make speculator`` made them;
+distillation and evaluation ~5).
 """
 
 from __future__ import annotations
@@ -226,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run (or resume) the distillation; writes the draft folder. Returns 0."""
     from tqdm import tqdm
 
+    from .corpus import DEFAULT_STDLIB_TOKENS
     from .model_loading import (
         cache_dir,
         default_draft_dir,
@@ -240,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output", type=Path, default=None, help="draft folder (default: the cache's default draft)")
     ap.add_argument("--target", default="default", help="target folder ('default' = embedded SmolLM2-135M-Instruct)")
     ap.add_argument("--layers", type=int, default=3, help="decoder layers kept from the target (default 3)")
-    ap.add_argument("--stdlib-tokens", type=int, default=300_000, help="standard-library tokens to learn from")
+    ap.add_argument("--stdlib-tokens", type=int, default=DEFAULT_STDLIB_TOKENS,
+                    help="standard-library tokens to learn from")
     ap.add_argument("--humaneval-tasks", type=int, default=144, help="HumanEval training tasks (20.. on) to learn from")
     ap.add_argument("--teacher-cache", type=Path, default=None,
                     help="where the target's passes are kept (default $SPEC_DECODE_CACHE/teacher)")

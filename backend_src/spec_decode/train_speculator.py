@@ -19,8 +19,8 @@ hidden state. It learns the target's own predictions, teacher-forced, over code 
    per position, acceptance rate, tokens per step.
 
 The folder (``--output``, default ``$SPEC_DECODE_CACHE/models/SmolLM2-135M-Instruct-mlp-speculator``) is written
-atomically with ``train_speculator.json`` (settings, corpus, loss curve, evaluation, minutes). About 12-14 minutes on
-2 CPU cores with the defaults, most of it the teacher's forward passes (about 700 tokens/s here).
+atomically with ``train_speculator.json`` (settings, corpus, loss curve, evaluation, minutes). About 11 minutes on
+2 CPU cores with the defaults, most of it the teacher's forward passes (about 450-700 tokens/s here).
 """
 
 from __future__ import annotations
@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run (or resume) the training; writes the speculator folder. Returns 0."""
     from tqdm import tqdm
 
+    from .corpus import DEFAULT_STDLIB_TOKENS
     from .model_loading import cache_dir, load_causal_lm, load_tokenizer, prepare_default_model
     from .proposers.mlp_speculator import REPORT_FILE, MLPSpeculator, default_speculator_dir
     from .teacher import training_data
@@ -128,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--output", type=Path, default=None, help="speculator folder (default: the cache's default)")
     ap.add_argument("--target", default="default", help="target folder ('default' = embedded SmolLM2-135M-Instruct)")
-    ap.add_argument("--stdlib-tokens", type=int, default=300_000, help="standard-library tokens to learn from")
+    ap.add_argument("--stdlib-tokens", type=int, default=DEFAULT_STDLIB_TOKENS,
+                    help="standard-library tokens to learn from")
     ap.add_argument("--humaneval-tasks", type=int, default=144, help="HumanEval training tasks (20.. on) to learn from")
     ap.add_argument("--teacher-cache", type=Path, default=None,
                     help="where the target's passes are kept (default $SPEC_DECODE_CACHE/teacher)")
