@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -219,3 +220,64 @@ def training_data(target, target_dir: Path, tok, cache: Path, *, stdlib_tokens: 
     eval_lens = [len(tok(t["prompt"])["input_ids"]) for t in tasks]
     eval_teacher = cached_teacher(target, target_dir, eval_seqs, cache, top_k, with_hidden=with_hidden)
     return TrainingData(corpus, teacher, eval_seqs, eval_lens, eval_teacher)
+
+
+@dataclass
+class TrainingRun:
+    """A training tool's folders and target (:func:`start_run`).
+
+    Attributes:
+        out: the folder the tool writes (atomically, at the end).
+        work: ``<out>.work``, its checkpoints.
+        target_dir: the target's folder.
+        tokenizer: the target's tokenizer.
+        target: the target (float32 on CPU, eval mode).
+        cache: where the teacher's passes are kept.
+    """
+
+    out: Path
+    work: Path
+    target_dir: Path
+    tokenizer: object
+    target: torch.nn.Module
+    cache: Path
+
+
+def start_run(output: Path | None, default_output: Path, target: str, seed: int, fresh: bool,
+              teacher_cache: Path | None) -> TrainingRun:
+    """Make the work folder (emptied when ``fresh``), seed torch, and load the target (``"default"``: the embedded
+    one, converted on first use) and its tokenizer.
+
+    Raises:
+        FileNotFoundError: a target folder without a model.
+    """
+    from .model_loading import cache_dir, load_causal_lm, load_tokenizer, prepare_default_model
+
+    out = Path(output or default_output).expanduser()
+    work = out.with_name(out.name + ".work")
+    if fresh and work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    target_dir = prepare_default_model() if target == "default" else Path(target)
+    model = load_causal_lm(target_dir, torch.device("cpu"), torch.float32).eval()
+    return TrainingRun(out, work, target_dir, load_tokenizer(target_dir), model,
+                       teacher_cache or cache_dir() / "teacher")
+
+
+def add_data_arguments(ap) -> None:
+    """The command-line options ``make draft`` and ``make speculator`` share (the target, the corpus, the teacher,
+    the held-out evaluation, the seed), added to the ``argparse.ArgumentParser`` ``ap``."""
+    from .corpus import DEFAULT_STDLIB_TOKENS
+
+    ap.add_argument("--target", default="default", help="target folder ('default' = embedded SmolLM2-135M-Instruct)")
+    ap.add_argument("--stdlib-tokens", type=int, default=DEFAULT_STDLIB_TOKENS,
+                    help="standard-library tokens to learn from")
+    ap.add_argument("--humaneval-tasks", type=int, default=144, help="HumanEval training tasks (20.. on) to learn from")
+    ap.add_argument("--teacher-cache", type=Path, default=None,
+                    help="where the target's passes are kept (default $SPEC_DECODE_CACHE/teacher)")
+    ap.add_argument("--top-k", type=int, default=32, help="teacher probabilities kept per position")
+    ap.add_argument("--eval-prompts", type=int, default=10, help="held-out HumanEval tasks continued for evaluation")
+    ap.add_argument("--eval-tokens", type=int, default=128, help="target continuation length per held-out task")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fresh", action="store_true", help="ignore the work folder's checkpoint")

@@ -120,32 +120,20 @@ def main(argv: list[str] | None = None) -> int:
     """Run (or resume) the training; writes the speculator folder. Returns 0."""
     from tqdm import tqdm
 
-    from .corpus import DEFAULT_STDLIB_TOKENS
-    from .model_loading import cache_dir, load_causal_lm, load_tokenizer, prepare_default_model
     from .proposers.mlp_speculator import REPORT_FILE, MLPSpeculator, default_speculator_dir
-    from .teacher import training_data
+    from .teacher import add_data_arguments, start_run, training_data
     from .train_draft import choose_vocabulary, distillation_loss
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_data_arguments(ap)
     ap.add_argument("--output", type=Path, default=None, help="speculator folder (default: the cache's default)")
-    ap.add_argument("--target", default="default", help="target folder ('default' = embedded SmolLM2-135M-Instruct)")
-    ap.add_argument("--stdlib-tokens", type=int, default=DEFAULT_STDLIB_TOKENS,
-                    help="standard-library tokens to learn from")
-    ap.add_argument("--humaneval-tasks", type=int, default=144, help="HumanEval training tasks (20.. on) to learn from")
-    ap.add_argument("--teacher-cache", type=Path, default=None,
-                    help="where the target's passes are kept (default $SPEC_DECODE_CACHE/teacher)")
     ap.add_argument("--seq-len", type=int, default=512)
-    ap.add_argument("--top-k", type=int, default=32, help="teacher probabilities kept per position")
     ap.add_argument("--n-predict", type=int, default=4, help="stages: the most tokens a step drafts")
     ap.add_argument("--draft-vocab", type=int, default=8192, help="kept tokens of the embedding and LM head")
     ap.add_argument("--steps", type=int, default=1200)
     ap.add_argument("--batch-size", type=int, default=256, help="positions per step")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--checkpoint-every", type=int, default=100)
-    ap.add_argument("--eval-prompts", type=int, default=10, help="held-out HumanEval tasks continued for evaluation")
-    ap.add_argument("--eval-tokens", type=int, default=128, help="target continuation length per held-out task")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--fresh", action="store_true", help="ignore the work folder's checkpoint")
     ap.add_argument("--if-missing", action="store_true", help="do nothing when the default speculator exists")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -154,16 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("speculator ready at %s", default_out)
         return 0
     t_start = time.perf_counter()
-    out = Path(args.output or default_out).expanduser()
-    work = out.with_name(out.name + ".work")
-    if args.fresh and work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(args.seed)
-    target_dir = prepare_default_model() if args.target == "default" else Path(args.target)
-    teacher_cache = args.teacher_cache or cache_dir() / "teacher"
-    tok = load_tokenizer(target_dir)
-    target = load_causal_lm(target_dir, torch.device("cpu"), torch.float32).eval()
+    run = start_run(args.output, default_out, args.target, args.seed, args.fresh, args.teacher_cache)
+    out, work, target_dir, tok, target, teacher_cache = (run.out, run.work, run.target_dir, run.tokenizer, run.target,
+                                                         run.cache)
 
     data = training_data(target, target_dir, tok, teacher_cache, stdlib_tokens=args.stdlib_tokens,
                          seq_len=args.seq_len, seed=args.seed, humaneval_tasks=args.humaneval_tasks, top_k=args.top_k,
