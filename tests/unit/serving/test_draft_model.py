@@ -89,3 +89,21 @@ def test_a_release_with_ids_that_are_not_token_ids_frees_the_caches_and_adds_not
     assert out[0]["draft_token_ids"].size == 0  # answered, not an error: the sequence's caches are gone
     assert draft.metrics.get("spec_decode_suffix_active_requests") == 0
     assert draft.metrics.get("spec_decode_suffix_cached_responses") == cached
+
+
+def test_a_speculator_row_with_bad_hidden_states_fails_alone_naming_the_input(tiny_lm, tmp_path):
+    from tests.helpers import save_tiny_speculator
+
+    draft = DraftBackend({"draft_model_path": "", "suffix_backend": "python", "device": "cpu",
+                          "mlp_speculator_path": str(save_tiny_speculator(tiny_lm, tmp_path / "spec")),
+                          "mlp_speculator_min_token_prob": "0"})
+
+    def row(seq, hidden):
+        return _row(seq, [4, 8], "mlp_speculator", context_hidden_states=hidden.astype(np.float32),
+                    num_context_hidden_states=np.array([len(hidden)], np.int32))
+
+    out = draft.run_batch([row(1, np.random.randn(2, 32)), row(2, np.random.randn(2, 31)),
+                           row(3, np.full((1, 32), np.nan)), row(4, np.random.randn(1, 32))])
+    assert len(out[0]["draft_token_ids"]) == 3 and len(out[3]["draft_token_ids"]) == 3
+    assert isinstance(out[1], ValueError) and "context_hidden_states" in str(out[1]) and "[m, 32]" in str(out[1])
+    assert isinstance(out[2], ValueError) and "finite" in str(out[2])
