@@ -212,7 +212,8 @@ class MLPSpeculatorProposer(Proposer):
                    settings.mlp_speculator_min_token_prob)
 
     def check(self, request: ProposalRequest) -> None:
-        """A request's hidden states must be [m, H] with H the speculator's (the target's hidden size), finite.
+        """A request's hidden states must be [m, H] with H the speculator's (the target's hidden size), and the last of
+        them (the one it drafts from) finite. (Finite states that overflow its stages end the row's drafts instead.)
 
         Raises:
             InvalidInputError: naming ``context_hidden_states``.
@@ -265,6 +266,9 @@ class MLPSpeculatorProposer(Proposer):
                     # the token sampled from it: a rule that kept a sampled draft only when its own probability was
                     # high would draft from q cut to its likely tokens while reporting q, and rejection sampling
                     # would lose the target's law. For greedy rows the top probability is the draft's own.
+                    if not bool(torch.isfinite(probs).all()):  # e.g. finite but huge hidden states: no drafts
+                        stopped[j] = True
+                        continue
                     if running[j] * float(probs.max()) < self.min_token_prob:
                         stopped[j] = True
                         continue

@@ -103,7 +103,9 @@ def test_a_speculator_row_with_bad_hidden_states_fails_alone_naming_the_input(ti
                     num_context_hidden_states=np.array([len(hidden)], np.int32))
 
     out = draft.run_batch([row(1, np.random.randn(2, 32)), row(2, np.random.randn(2, 31)),
-                           row(3, np.full((1, 32), np.nan)), row(4, np.random.randn(1, 32))])
+                           row(3, np.full((1, 32), np.nan)), row(4, np.random.randn(1, 32)),
+                           row(5, np.full((1, 32), 1e38))])
     assert len(out[0]["draft_token_ids"]) == 3 and len(out[3]["draft_token_ids"]) == 3
+    assert len(out[4]["draft_token_ids"]) == 0  # finite, but its stages overflow: no drafts (no NaN draft_probs)
     assert isinstance(out[1], ValueError) and "context_hidden_states" in str(out[1]) and "[m, 32]" in str(out[1])
     assert isinstance(out[2], ValueError) and "finite" in str(out[2])
