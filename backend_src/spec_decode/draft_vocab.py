@@ -44,6 +44,16 @@ class DraftVocab:
         self.to_draft = torch.full((target_vocab_size,), self.unk_index, dtype=torch.int64)
         self.to_draft[keep] = torch.arange(keep.numel())
         self._to_draft_list = self.to_draft.tolist()
+        self._kept_on_device = keep  # token_ids on the device scatter last saw (copied once, not per token)
+
+    def scatter(self, probs: torch.Tensor) -> torch.Tensor:
+        """[N] probabilities over the kept tokens -> [V] float32 over the target's vocabulary (zero elsewhere), on
+        ``probs``' device: a pruned draft's q as the verifier reads it."""
+        if self._kept_on_device.device != probs.device:
+            self._kept_on_device = self.token_ids.to(probs.device)
+        full = torch.zeros(self.target_vocab_size, dtype=torch.float32, device=probs.device)
+        full[self._kept_on_device] = probs.float()
+        return full
 
     def __len__(self) -> int:
         """Kept target tokens N (the draft model's vocabulary is N + 1)."""

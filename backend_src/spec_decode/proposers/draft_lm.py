@@ -58,7 +58,6 @@ class DraftModelProposer(Proposer):
     def __init__(self, lm: CachedCausalLM, vocab: DraftVocab | None = None):
         self.lm = lm
         self.vocab = vocab
-        self._kept_on_device = None  # vocab.token_ids on the draft's device (copied once, not per token)
 
     @classmethod
     def configured(cls, settings: DraftLMSettings) -> bool:
@@ -114,11 +113,7 @@ class DraftModelProposer(Proposer):
                     tok = sample_from(probs, generator_for(params.seed, requests[j].step, _DRAFT_PURPOSE, i))
                 ids[j].append(tok)
                 if vocab is not None:
-                    if self._kept_on_device is None or self._kept_on_device.device != probs.device:
-                        self._kept_on_device = vocab.token_ids.to(probs.device)
-                    full = torch.zeros(vocab.target_vocab_size, dtype=torch.float32, device=probs.device)
-                    full[self._kept_on_device] = probs.float()
-                    probs, tok = full, int(vocab.token_ids[tok])
+                    probs, tok = vocab.scatter(probs), int(vocab.token_ids[tok])
                 drafts[j].append(tok)
                 rows[j].append(probs.float())
         return [Proposal(torch.tensor(d, dtype=torch.int64), torch.stack(r)) if d else Proposal.empty()

@@ -186,7 +186,6 @@ class MLPSpeculatorProposer(Proposer):
 
     def __init__(self, model: MLPSpeculator, vocab: DraftVocab, min_token_prob: float = 0.0):
         self.model, self.vocab, self.min_token_prob = model, vocab, min_token_prob
-        self._kept = vocab.token_ids.to(model.head.device)
 
     @classmethod
     def configured(cls, settings: MLPSpeculatorSettings) -> bool:
@@ -273,10 +272,8 @@ class MLPSpeculatorProposer(Proposer):
                         stopped[j] = True
                         continue
                     running[j] *= float(probs[tok])
-                    full = torch.zeros(vocab.target_vocab_size, dtype=torch.float32, device=probs.device)
-                    full[self._kept] = probs.float()
                     drafts[j].append(int(vocab.token_ids[tok]))
-                    rows[j].append(full)
+                    rows[j].append(vocab.scatter(probs))
                     score[j] += running[j]
                 tokens = torch.tensor(nxt, device=dev)
         return [Proposal(torch.tensor(d, dtype=torch.int64), torch.stack(r), sc) if d else Proposal.empty()
