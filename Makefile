@@ -1,9 +1,8 @@
 # make serve  - set everything up (first time) and serve the model repository on the embedded default model
 # make draft  - distil the draft LM from the target on the standard library's code and HumanEval's training tasks
-#               (~9 min on 2 cores, ~5 when make speculator made the teacher's passes; cached under ~/.cache/spec_decode;
-#               served when present)
-# make speculator - train the MLP speculator (speculative_method=mlp_speculator) on the same data from the target's
-#               hidden states (~11 min; cached under ~/.cache/spec_decode; served when present)
+#               (cached under ~/.cache/spec_decode; served when present; see README "Trained proposers")
+# make speculator - train the EAGLE head (speculative_method=eagle) on the same data from the target's hidden states
+#               (cached under ~/.cache/spec_decode; served when present); each tool within 15 minutes on 2 cores
 # make test   - set everything up (first time) and run the test suite (unit + integration against a real tritonserver)
 # make bench  - the serving suite (perf_analyzer and genai-perf at concurrency 1-8 per method, disable_by_batch_size,
 #               in-process transformers generate / prompt lookup / assisted generation; JSON + PNG + goals), a repeated

@@ -193,24 +193,24 @@ def goals(rows: list[dict], default_method: str) -> list[dict]:
     if worst is not None:
         out.append({"goal": "no method below 0.95x none on any prompt", "value": worst[0], "target": 0.95,
                     "worst": f"{worst[1]}, prompt {worst[2]}"})
-    head = get("server:mlp_speculator", **{"pass": 1})
+    head = get("server:eagle", **{"pass": 1})
     if head is not None:
-        out.append({"goal": "mlp_speculator: mean tokens per step >= 2.5", "value": head["mean_tokens_per_step"],
+        out.append({"goal": "eagle: mean tokens per step >= 2.5", "value": head["mean_tokens_per_step"],
                     "target": 2.5})
         st = head.get("stages_ms_per_step", {})
         drafted = head["draft_tokens"] / max(1, head["steps"])
         if st.get("target forward (scorer)") and drafted:
-            out.append({"goal": "mlp_speculator: cost per drafted token <= 0.1 target step (lower is better)",
+            out.append({"goal": "eagle: cost per drafted token <= 0.1 target step (lower is better)",
                         "value": st["draft_model execute"] / drafted / st["target forward (scorer)"], "target": 0.1,
                         "lower_is_better": True})
-        out.append({"goal": "mlp_speculator >= 1.8x none", "value": head["tokens_per_s"] / none["tokens_per_s"],
+        out.append({"goal": "eagle >= 1.8x none", "value": head["tokens_per_s"] / none["tokens_per_s"],
                     "target": 1.8})
         hybrid = get("server:hybrid", **{"pass": 1})
         singles = [r for r in rows if r["method"].startswith("server:") and r.get("pass") == 1
                    and r.get("concurrency", 1) == 1 and r["method"] not in ("server:hybrid", "server:none")]
         if hybrid is not None and singles:
             best = max(singles, key=lambda r: r["tokens_per_s"])
-            out.append({"goal": f"hybrid (suffix + mlp_speculator) >= the best single method ({best['method']})",
+            out.append({"goal": f"hybrid (suffix + eagle) >= the best single method ({best['method']})",
                         "value": hybrid["tokens_per_s"] / best["tokens_per_s"], "target": 1.0})
     draft = get("server:draft", **{"pass": 1})
     if draft is not None and draft.get("acceptance_rate") is not None:
@@ -272,9 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=20, help="held-out HumanEval prompts 0..N-1 (default 20)")
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--methods", default="none,ngram,suffix,draft,mlp_speculator,hybrid",
-                    help="methods, a fresh server each (draft and mlp_speculator only when built; hybrid falls back "
-                         "to the speculator when there is one, else n-gram lookup)")
+    ap.add_argument("--methods", default="none,ngram,suffix,draft,eagle,hybrid",
+                    help="methods, a fresh server each (draft and eagle only when built; hybrid falls back to the "
+                         "EAGLE head when there is one, else n-gram lookup)")
     ap.add_argument("--passes", type=int, default=2, help="times the prompt set is sent (default 2: repeated workload)")
     ap.add_argument("--num-draft-tokens", type=int, default=4)
     ap.add_argument("--draft-model", default=os.environ.get("DRAFT_MODEL", ""),
@@ -297,13 +297,13 @@ def main(argv: list[str] | None = None) -> int:
     if "draft" in methods and not args.draft_model and not args.url:
         print("no draft model (--draft-model / DRAFT_MODEL): skipping speculative_method=draft", flush=True)
         methods.remove("draft")
-    from spec_decode.proposers.mlp_speculator import resolve_speculator_path
+    from spec_decode.proposers.eagle import resolve_eagle_path
 
-    speculator = resolve_speculator_path("auto")
-    if "mlp_speculator" in methods and speculator is None and not args.url:
-        print("no speculator (make speculator): skipping speculative_method=mlp_speculator; hybrid falls back to "
-              "n-gram lookup", flush=True)
-        methods.remove("mlp_speculator")
+    head = resolve_eagle_path("auto")
+    if "eagle" in methods and head is None and not args.url:
+        print("no EAGLE head (make speculator): skipping speculative_method=eagle; hybrid falls back to n-gram lookup",
+              flush=True)
+        methods.remove("eagle")
     rows = []
     args.output.parent.mkdir(parents=True, exist_ok=True)
     for m in methods:
@@ -313,8 +313,8 @@ def main(argv: list[str] | None = None) -> int:
                             | {"pass": p})
             continue
         overrides = draft_overrides(args.draft_model) if args.draft_model else {}
-        if m == "hybrid" and speculator is not None:  # Arctic's arrangement: suffix, else the speculator
-            overrides.setdefault("draft_model", {})["hybrid_fallback"] = "mlp_speculator"
+        if m == "hybrid" and head is not None:  # Arctic's arrangement: suffix, else the model speculator
+            overrides.setdefault("draft_model", {})["hybrid_fallback"] = "eagle"
         repo = prepare_repository(overrides or None)
         log = args.output.with_name(f"{args.output.stem}.{m}.server.log")
         with TritonServer(repo, log_path=log) as srv:

@@ -13,15 +13,15 @@ import torch  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _no_machine_speculator(tmp_path_factory):
-    """In this process ``mlp_speculator_path: auto`` finds no speculator, whether or not ``make speculator`` has built
-    one on this machine: a test that serves the speculator names its folder (servers started by tests are separate
-    processes and still see the machine's)."""
-    from spec_decode.proposers import mlp_speculator
+def _no_machine_eagle_head(tmp_path_factory):
+    """In this process ``eagle_path: auto`` finds no EAGLE head, whether or not ``make speculator`` has built one on
+    this machine: a test that serves the head names its folder (servers started by tests are separate processes and
+    still see the machine's)."""
+    from spec_decode.proposers import eagle
 
-    missing = tmp_path_factory.mktemp("no-speculator") / "none"
+    missing = tmp_path_factory.mktemp("no-eagle") / "none"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(mlp_speculator, "default_speculator_dir", lambda: missing)
+        mp.setattr(eagle, "default_eagle_dir", lambda: missing)
         yield
 
 
@@ -91,27 +91,27 @@ def _running_server(repo, log):
 
 
 @pytest.fixture(scope="session")
-def tiny_speculator(tmp_path_factory, teacher_cache, real_model_dir):
-    """An MLP speculator of the embedded target, trained by the tool at a tiny size (seconds; it drafts little, which
-    is all the tests need: the output must be the target's whatever the drafts)."""
+def tiny_eagle(tmp_path_factory, teacher_cache, real_model_dir):
+    """An EAGLE head of the embedded target, trained by the tool at a tiny size (seconds; it drafts little, which is
+    all the tests need: the output must be the target's whatever the drafts)."""
     from spec_decode.train_speculator import main
 
-    out = tmp_path_factory.mktemp("speculator") / "spec"
+    out = tmp_path_factory.mktemp("eagle") / "eagle"
     assert main(["--output", str(out), "--teacher-cache", str(teacher_cache), "--eval-prompts", "1", "--eval-tokens",
-                 "8", "--stdlib-tokens", "400", "--humaneval-tasks", "3", "--seq-len", "96", "--top-k", "8", "--steps",
-                 "20", "--batch-size", "16", "--draft-vocab", "2048"]) == 0
+                 "8", "--stdlib-tokens", "400", "--humaneval-tasks", "3", "--seq-len", "64", "--steps",
+                 "20", "--batch-size", "4", "--draft-vocab", "2048"]) == 0
     return out
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory, tiny_speculator):
+def server(tmp_path_factory, tiny_eagle):
     """A real tritonserver on free ports serving the repository; the target drafts for itself (method=draft), and a
-    tiny speculator serves method=mlp_speculator."""
+    tiny EAGLE head serves method=eagle."""
     from spec_decode.server import draft_overrides, prepare_repository
 
     overrides = draft_overrides("default")
-    overrides["draft_model"]["mlp_speculator_path"] = str(tiny_speculator)
-    overrides["draft_model"]["mlp_speculator_min_token_prob"] = "0"  # the tiny one is unsure: draft every slot
+    overrides["draft_model"]["eagle_path"] = str(tiny_eagle)
+    overrides["draft_model"]["eagle_min_token_prob"] = "0"  # the tiny one is unsure: draft every slot
     log = tmp_path_factory.mktemp("triton") / "server.log"
     yield from _running_server(prepare_repository(overrides), log)
 

@@ -13,18 +13,25 @@ def step_row(seq, ids, drafts=(), **kw) -> dict:
     return base
 
 
-def save_tiny_speculator(tiny_lm, folder, kept=tuple(range(0, 97, 2)), n_predict: int = 3, seed: int = 0):
-    """An untrained MLP speculator over ``tiny_lm``'s embedding and head (the ``kept`` tokens), saved as
+def tiny_eagle_config() -> dict:
+    """The sizes of an EAGLE head over the tiny test Llama (conftest ``tiny_lm``: hidden 32, 4 heads, 2 of them
+    key/value heads)."""
+    return {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 64,
+            "rope_theta": 10000.0, "rms_norm_eps": 1e-6}
+
+
+def save_tiny_eagle(tiny_lm, folder, kept=tuple(range(0, 97, 2)), seed: int = 0):
+    """An untrained EAGLE head over ``tiny_lm``'s embedding and head (the ``kept`` tokens), saved as
     ``make speculator`` saves one; returns the folder."""
     import torch
 
     from spec_decode.draft_vocab import DraftVocab
-    from spec_decode.proposers import MLPSpeculator
+    from spec_decode.proposers import EagleHead
 
     torch.manual_seed(seed)
     vocab = DraftVocab(list(kept), tiny_lm.config.vocab_size)
     emb = tiny_lm.get_input_embeddings().weight.detach()[vocab.token_ids]
     head = tiny_lm.get_output_embeddings().weight.detach()[vocab.token_ids]
-    MLPSpeculator(torch.cat([emb, emb.mean(0, keepdim=True)]), head, n_predict).save(folder, vocab)
+    EagleHead(torch.cat([emb, emb.mean(0, keepdim=True)]), head, tiny_eagle_config()).save(folder, vocab)
     (folder / "train_speculator.json").write_text("{}")
     return folder

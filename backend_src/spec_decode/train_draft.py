@@ -7,10 +7,11 @@ teacher-forced, on code every machine has (:mod:`spec_decode.corpus`):
 
 1. corpus: ``--stdlib-tokens`` of the Python standard library's sources (files in a seeded order) plus HumanEval
    tasks 20..163 (prompt + canonical solution). Tasks 0..19 are never trained on (``client.bench`` uses them).
-2. teacher: the target's top ``--top-k`` next-token probabilities at every position (the sparse KL target;
-   :func:`spec_decode.teacher.cached_teacher`, kept under ``$SPEC_DECODE_CACHE/teacher`` and shared with
-   ``make speculator``: whichever runs second skips this pass).
-3. train: AdamW on sum_j p_j (log p_j - log q_j) over the teacher's top-k (renormalised), seeded, checkpointed every
+2. teacher: the target's last hidden states at every position (:func:`spec_decode.teacher.cached_teacher`, kept under
+   ``$SPEC_DECODE_CACHE/teacher`` and shared with ``make speculator``: whichever runs second skips this pass; in
+   bfloat16 where the CPU multiplies it natively); the target's distribution at a position is its LM head over them.
+3. train: AdamW on KL(p || q) = sum_j p_j (log p_j - log q_j) over the target's 32 most probable kept tokens (p its
+   distribution renormalised over them, :func:`target_distribution`), seeded, checkpointed every
    ``--checkpoint-every`` steps: a rerun resumes from the work folder. The embeddings and the tied LM head stay the
    target's (frozen); the decoder layers and the final norm learn.
 4. evaluate on the target's greedy continuations of held-out tasks 0..``--eval-prompts``-1: top-1 agreement of draft
@@ -41,7 +42,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 logger = logging.getLogger(__name__)
 
@@ -106,8 +106,14 @@ def prune_vocabulary(draft, vocab):
     return draft
 
 
-def choose_vocabulary(seqs: list[list[int]], teacher, size: int, target_vocab_size: int, always=()):
-    """The ``size`` most frequent target tokens of the training text and of the teacher's argmax predictions.
+def choose_vocabulary(seqs: list[list[int]], argmax: list[torch.Tensor], size: int, target_vocab_size: int,
+                      always=()):
+    """The ``size`` most frequent target tokens of the training text and of the target's argmax predictions.
+
+    Args:
+        seqs: the corpus' token-id lists.
+        argmax: per sequence [n] the target's argmax next token at each position (:class:`~spec_decode.teacher.
+            Teacher`).
 
     Returns:
         :class:`~spec_decode.model_loading.DraftVocab` (sorted ids; ``always`` ids included).
@@ -115,9 +121,9 @@ def choose_vocabulary(seqs: list[list[int]], teacher, size: int, target_vocab_si
     from .draft_vocab import DraftVocab
 
     counts = torch.zeros(target_vocab_size, dtype=torch.float64)
-    for ids, (_, idx) in zip(seqs, teacher):
+    for ids, top in zip(seqs, argmax):
         counts += torch.bincount(torch.tensor(ids), minlength=target_vocab_size)
-        counts += torch.bincount(idx[:, 0].long(), minlength=target_vocab_size)
+        counts += torch.bincount(top.long(), minlength=target_vocab_size)
     for t in always:
         counts[t] = float("inf")
     keep = torch.sort(torch.topk(counts, min(size, target_vocab_size)).indices).values
@@ -125,46 +131,45 @@ def choose_vocabulary(seqs: list[list[int]], teacher, size: int, target_vocab_si
 
 
 def _batches(seqs, teacher, seq_len: int, batch_size: int, gen: torch.Generator, vocab=None):
-    """Random windows of ``seq_len`` tokens: (input ids [B, L], teacher log-probs [B, L, K], indices, mask [B, L]).
-
-    With a pruned ``vocab`` the ids and the teacher's indices are draft indices; teacher entries outside the set get
-    log-probability -inf (the KL is over the kept tokens, renormalised)."""
+    """Random windows of ``seq_len`` tokens: (input ids [B, L], the target's hidden states there [B, L, H], mask
+    [B, L]); with a pruned ``vocab`` the ids are draft indices."""
+    width = teacher.hidden[0].shape[1]
     while True:
         rows = torch.randint(len(seqs), (batch_size,), generator=gen).tolist()
-        ids_b, lp_b, idx_b, mask_b = [], [], [], []
+        ids_b, hid_b, mask_b = [], [], []
         for r in rows:
-            ids, lp, idx = seqs[r], teacher.top_logp[r], teacher.top_idx[r]
+            ids = seqs[r]
             n = len(ids) - 1
             start = int(torch.randint(max(1, n - seq_len + 1), (1,), generator=gen))
             end = min(n, start + seq_len)
             pad = seq_len - (end - start)
             ids_b.append(torch.tensor(ids[start:end] + [0] * pad))
-            lp_b.append(F.pad(lp[start:end].float(), (0, 0, 0, pad)))
-            idx_b.append(F.pad(idx[start:end].long(), (0, 0, 0, pad)))
+            hid_b.append(torch.cat([teacher.hidden[r][start:end].float(), torch.zeros(pad, width)]))
             mask_b.append(torch.tensor([1.0] * (end - start) + [0.0] * pad))
-        ids_t, lp_t, idx_t, mask_t = torch.stack(ids_b), torch.stack(lp_b), torch.stack(idx_b), torch.stack(mask_b)
-        if vocab is not None:
-            ids_t, idx_t = vocab.to_draft[ids_t], vocab.to_draft[idx_t]
-            outside = idx_t == vocab.unk_index
-            lp_t = lp_t.masked_fill(outside, float("-inf"))
-            mask_t = mask_t * (~outside.all(-1)).float()
-            lp_t = lp_t.masked_fill(outside.all(-1, keepdim=True), 0.0)  # fully masked rows: finite, not counted
-            idx_t = idx_t.masked_fill(outside, 0)
-        yield ids_t, lp_t, idx_t, mask_t
+        ids_t = torch.stack(ids_b)
+        yield (vocab.to_draft[ids_t] if vocab is not None else ids_t), torch.stack(hid_b), torch.stack(mask_b)
 
 
-def distillation_loss(student_logits: torch.Tensor, teacher_logp: torch.Tensor, teacher_idx: torch.Tensor,
+def target_distribution(target_logits: torch.Tensor, top_k: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sparse distillation target from the target's logits over the kept tokens (:func:`spec_decode.teacher.
+    target_logits`): its ``top_k`` most probable tokens, (probabilities [..., K] float32 renormalised over them, their
+    indices [..., K] int64), computed once for the losses of a step. (The top 32 carry nearly all of the target's mass
+    on code; the full distribution made a step of ``make speculator`` ~1.2x slower here.)"""
+    values, idx = target_logits.float().topk(min(top_k, target_logits.shape[-1]), -1)
+    return torch.softmax(values, -1), idx
+
+
+def distillation_loss(student_logits: torch.Tensor, target: tuple[torch.Tensor, torch.Tensor],
                       mask: torch.Tensor) -> torch.Tensor:
-    """KL(teacher || student) over the teacher's top-k, renormalised; mean over unmasked positions (nats).
+    """KL(target || student) over the target's top-k tokens (nats; Hinton et al. 2015), mean over unmasked positions.
 
     Args:
-        student_logits: [B, L, V] float.
-        teacher_logp: [B, L, K] teacher log-probabilities of its top-k tokens.
-        teacher_idx: [B, L, K] int64 token ids of those.
+        student_logits: [B, L, N] float, over the tokens the target's indices point into.
+        target: :func:`target_distribution` of the target's logits ([B, L, K] probabilities, [B, L, K] indices).
         mask: [B, L] 1.0 where the position counts.
     """
-    p = torch.softmax(teacher_logp, -1)  # renormalised over the top-k (entries at -inf get 0)
-    log_q = torch.log_softmax(student_logits.float(), -1).gather(-1, teacher_idx)
+    p, idx = target
+    log_q = torch.log_softmax(student_logits.float(), -1).gather(-1, idx)
     kl = torch.where(p > 0, p * (torch.log(p.clamp_min(1e-12)) - log_q), torch.zeros_like(p)).sum(-1)
     return (kl * mask).sum() / mask.sum().clamp_min(1.0)
 
@@ -188,7 +193,7 @@ def evaluate(draft, seqs: list[list[int]], prompt_lens: list[int], teacher, k: i
     starts = 0
     live_hist = [0] * (k + 1)  # steps by number of drafts accepted
     with torch.inference_mode():
-        for ids, plen, idx in zip(seqs, prompt_lens, teacher.top_idx):
+        for ids, plen, top in zip(seqs, prompt_lens, teacher.argmax):
             if len(ids) - plen < 2:
                 continue
             if vocab is None:
@@ -196,7 +201,7 @@ def evaluate(draft, seqs: list[list[int]], prompt_lens: list[int], teacher, k: i
             else:
                 logits = draft(torch.tensor([vocab.map_ids(ids)])).logits[0, :-1]
                 d_arg = vocab.token_ids[logits[:, : vocab.unk_index].argmax(-1)]
-            t_arg = idx[: len(ids) - 1, 0].long()  # teacher's argmax at the positions that have a next token
+            t_arg = top[: len(ids) - 1].long()  # teacher's argmax at the positions that have a next token
             match = (d_arg == t_arg)[plen - 1 :].tolist()
             agree += sum(match)
             total += len(match)
@@ -227,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     from .model_loading import default_draft_dir, default_draft_ready
-    from .teacher import add_data_arguments, start_run, training_data
+    from .teacher import add_data_arguments, start_run, target_logits, training_data
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_data_arguments(ap)
@@ -255,8 +260,8 @@ def main(argv: list[str] | None = None) -> int:
 
     data = training_data(target, target_dir, tok, teacher_cache, stdlib_tokens=args.stdlib_tokens,
                          seq_len=args.corpus_seq_len, seed=args.seed, humaneval_tasks=args.humaneval_tasks,
-                         top_k=args.top_k, eval_prompts=args.eval_prompts, eval_tokens=args.eval_tokens,
-                         with_hidden=False, phases=4)
+                         eval_prompts=args.eval_prompts, eval_tokens=args.eval_tokens, phases=4,
+                         dtype=args.teacher_dtype)
     corpus, teacher = data.corpus, data.teacher
     eval_seqs, eval_lens, eval_teacher = data.eval_sequences, data.eval_prompt_lens, data.eval_teacher
     data_key = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
@@ -265,12 +270,16 @@ def main(argv: list[str] | None = None) -> int:
     draft = truncated_copy(target, args.layers)
     vocab = None
     if 0 < args.draft_vocab < draft.config.vocab_size:
-        vocab = choose_vocabulary(corpus.sequences, list(zip(teacher.top_logp, teacher.top_idx)), args.draft_vocab,
-                                  draft.config.vocab_size, always=[t for t in (tok.eos_token_id,) if t is not None])
+        vocab = choose_vocabulary(corpus.sequences, teacher.argmax, args.draft_vocab, draft.config.vocab_size,
+                                  always=[t for t in (tok.eos_token_id,) if t is not None])
         prune_vocabulary(draft, vocab)
         covered = sum(int((vocab.to_draft[torch.tensor(s)] != vocab.unk_index).sum()) for s in eval_seqs)
         logger.info("draft vocabulary: %d tokens, covering %.2f%% of the held-out tokens", len(vocab),
                     100 * covered / sum(len(s) for s in eval_seqs))
+    # the target's LM head over the kept tokens: its distribution there is the distillation target
+    target_head = target.get_output_embeddings().weight.detach()
+    target_head = (target_head if vocab is None else target_head[vocab.token_ids]).clone()
+    kept = target_head.shape[0]  # the draft's logits past them (its "outside the set" row) are never proposed
     del target
     # The draft keeps the target's (tied) embeddings and LM head frozen: only its decoder layers and final norm learn,
     # which also saves the head's weight gradient, the largest matrix.
@@ -297,8 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("phase 3/4: distilling a %d-layer draft for %d steps", args.layers, args.steps)
     bar = tqdm(total=args.steps, initial=step, desc="distillation", unit="step")
     while step < args.steps:
-        ids, t_lp, t_idx, mask = next(batches)
-        loss = distillation_loss(draft(ids).logits, t_lp, t_idx, mask)
+        ids, hidden, mask = next(batches)
+        target = target_distribution(target_logits(hidden, target_head))
+        loss = distillation_loss(draft(ids).logits[..., :kept], target, mask)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)

@@ -9,7 +9,7 @@ from spec_decode.proposers import METHODS, DraftModelProposer, build_proposers
 from spec_decode.request import GenerationRequest
 from spec_decode.sampling import SamplingParams
 from spec_decode.scorer import TargetScorer
-from tests.helpers import save_tiny_speculator
+from tests.helpers import save_tiny_eagle
 
 
 def test_every_registered_method_equals_plain_greedy(tiny_dir, tiny_lm, real_tokenizer, tmp_path):
@@ -23,8 +23,8 @@ def test_every_registered_method_equals_plain_greedy(tiny_dir, tiny_lm, real_tok
     served = build_proposers({"draft_model_path": str(tiny_dir), "device": "cpu", "dtype": "float32",
                               "suffix_backend": "python", "suffix_max_cached_requests": "16",
                               "hybrid_fallback": "draft",
-                              "mlp_speculator_path": str(save_tiny_speculator(tiny_lm, tmp_path / "spec")),
-                              "mlp_speculator_min_token_prob": "0"})
+                              "eagle_path": str(save_tiny_eagle(tiny_lm, tmp_path / "eagle")),
+                              "eagle_min_token_prob": "0"})
     assert ("none", *served) == METHODS  # every registered proposer is served here
     step = LocalStep(served, TargetScorer(CachedCausalLM(tiny_lm)))
     stats = {}
@@ -35,7 +35,7 @@ def test_every_registered_method_equals_plain_greedy(tiny_dir, tiny_lm, real_tok
         assert gen.output_ids == ref, method
         stats[method] = gen.stats
     assert stats["draft"].accepted_tokens == stats["draft"].draft_tokens > 0
-    assert stats["mlp_speculator"].draft_tokens > 0  # hidden states reached it in process too
+    assert stats["eagle"].draft_tokens > 0  # hidden states reached it in process too
     assert len(step.scorer.lm) == 0  # run_local released the caches
 
 

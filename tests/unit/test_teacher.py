@@ -1,28 +1,33 @@
-"""spec_decode.teacher: the target's top-k distributions and hidden states, as its own forward computes them; the
-disk cache resumes and serves both tools."""
+"""spec_decode.teacher: the target's hidden states and argmax, as its own forward computes them; the distillation
+targets its LM head reads from them; the disk cache resumes and serves both tools; the dtype of the corpus' pass."""
 
+import pytest
 import torch
 
-from spec_decode.teacher import cached_teacher, teacher_pass
+from spec_decode.teacher import cached_teacher, target_logits, teacher_dtype, teacher_pass
 
 
 def test_teacher_pass_equals_the_model_s_forward_at_every_position(tiny_lm):
     seqs = [[5, 6, 7, 8, 9, 10], [1, 2], [40, 41, 42, 43]]
-    t = teacher_pass(tiny_lm, seqs, top_k=4, with_hidden=True, batch_tokens=8, progress=False)
-    for s, lp, idx, hid in zip(seqs, t.top_logp, t.top_idx, t.hidden):
+    t = teacher_pass(tiny_lm, seqs, batch_tokens=8, progress=False)
+    head = tiny_lm.get_output_embeddings().weight.detach()
+    for s, top, hid in zip(seqs, t.argmax, t.hidden):
         with torch.inference_mode():
             out = tiny_lm(torch.tensor([s]), output_hidden_states=True)
-        ref_lp, ref_idx = torch.log_softmax(out.logits[0], -1).topk(4, -1)
-        assert torch.equal(idx.long(), ref_idx) and lp.shape == (len(s), 4)
-        torch.testing.assert_close(lp.float(), ref_lp, atol=2e-3, rtol=1e-3)  # float16
-        torch.testing.assert_close(hid.float(), out.hidden_states[-1][0], atol=2e-3, rtol=1e-3)
+        assert torch.equal(top.long(), out.logits[0].argmax(-1)) and hid.shape == (len(s), 32)
+        torch.testing.assert_close(hid.float(), out.hidden_states[-1][0], atol=2e-3, rtol=1e-3)  # float16
+        # the LM head over the states is the model's own next-token logits (over any kept subset of tokens)
+        torch.testing.assert_close(target_logits(hid.float(), head), out.logits[0], atol=2e-2, rtol=1e-3)
+        kept = torch.tensor([3, 17, 40])
+        torch.testing.assert_close(target_logits(hid.float(), head[kept]), out.logits[0][:, kept], atol=2e-2,
+                                   rtol=1e-3)
 
 
-def test_the_cache_resumes_and_a_pass_with_hidden_states_serves_one_without(tiny_lm, tmp_path):
+def test_the_cache_resumes(tiny_lm, tmp_path):
     model_dir = tmp_path / "tiny"
     tiny_lm.save_pretrained(model_dir)
     seqs = [[i, i + 1, i + 2] for i in range(10)]
-    full = cached_teacher(tiny_lm, model_dir, seqs, tmp_path / "cache", top_k=3, with_hidden=True, shard=4)
+    full = cached_teacher(tiny_lm, model_dir, seqs, tmp_path / "cache", shard=4)
     (folder,) = [p.parent for p in (tmp_path / "cache").glob("*/done.json")]
     assert len(list(folder.glob("shard-*.pt"))) == 3
     (folder / "done.json").unlink()
@@ -33,12 +38,18 @@ def test_the_cache_resumes_and_a_pass_with_hidden_states_serves_one_without(tiny
     real = teacher.teacher_pass
     teacher.teacher_pass = lambda *a, **kw: calls.append(len(a[1])) or real(*a, **kw)
     try:
-        again = cached_teacher(tiny_lm, model_dir, seqs, tmp_path / "cache", top_k=3, with_hidden=True, shard=4)
+        again = cached_teacher(tiny_lm, model_dir, seqs, tmp_path / "cache", shard=4)
         assert calls == [4]  # only the missing shard was computed
-        plain = cached_teacher(tiny_lm, model_dir, seqs, tmp_path / "cache", top_k=3, shard=4)
-        assert calls == [4] and plain.hidden is None  # served by the pass with hidden states
+        cached_teacher(tiny_lm, model_dir, seqs, tmp_path / "cache", shard=4)
+        assert calls == [4]  # done: loaded
     finally:
         teacher.teacher_pass = real
-    for a, b in zip(full.top_idx, again.top_idx):
-        assert torch.equal(a, b)
-    assert all(torch.equal(a, b) for a, b in zip(full.top_idx, plain.top_idx))
+    assert all(torch.equal(a, b) for a, b in zip(full.argmax, again.argmax))
+    assert all(torch.equal(a, b) for a, b in zip(full.hidden, again.hidden))
+
+
+def test_teacher_dtype_names():
+    assert teacher_dtype("float32") == torch.float32 and teacher_dtype("bfloat16") == torch.bfloat16
+    assert teacher_dtype("auto") in (torch.float32, torch.bfloat16)
+    with pytest.raises(ValueError, match="auto, float32 or bfloat16"):
+        teacher_dtype("float16")

@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from spec_decode.train_draft import distillation_loss, main, truncated_copy
+from spec_decode.train_draft import distillation_loss, main, target_distribution, truncated_copy
 
 TINY = ["--eval-prompts", "1", "--eval-tokens", "8", "--stdlib-tokens", "400", "--humaneval-tasks", "3",
-        "--corpus-seq-len", "96", "--top-k", "8", "--steps", "14", "--batch-size", "2", "--seq-len", "48", "--layers",
+        "--corpus-seq-len", "96", "--steps", "14", "--batch-size", "2", "--seq-len", "48", "--layers",
         "1", "--lr", "2e-3", "--checkpoint-every", "7"]
 
 
@@ -28,12 +28,17 @@ def test_truncated_copy_keeps_the_first_layers(tiny_lm):
         truncated_copy(tiny_lm, 3)
 
 
-def test_distillation_loss_is_zero_for_the_teacher_itself():
+def test_distillation_loss_is_the_kl_over_the_target_s_top_k_and_zero_for_the_teacher_itself():
     logits = torch.randn(2, 5, 11)
-    lp, idx = torch.log_softmax(logits, -1).topk(11, -1)
     mask = torch.ones(2, 5)
-    assert float(distillation_loss(logits, lp, idx, mask)) == pytest.approx(0.0, abs=1e-5)
-    assert float(distillation_loss(torch.zeros(2, 5, 11), lp, idx, mask)) > 0.01
+    assert float(distillation_loss(logits + 3.0, target_distribution(logits), mask)) == pytest.approx(0.0, abs=1e-5)
+    student = torch.randn(2, 5, 11)
+    p, idx = torch.softmax(logits, -1).topk(4, -1)
+    p = p / p.sum(-1, keepdim=True)  # renormalised over the top 4
+    kl = (p * (p.log() - torch.log_softmax(student, -1).gather(-1, idx))).sum(-1)
+    mask[1, 2:] = 0.0  # masked positions do not count
+    assert float(distillation_loss(student, target_distribution(logits, 4), mask)) == pytest.approx(
+        float(kl[mask > 0].mean()), rel=1e-5)
 
 
 def test_tool_runs_end_to_end_loss_falls_and_folder_loads(tiny_draft, real_model_dir):
@@ -104,9 +109,9 @@ def test_evaluate_steps_drafts_as_live_greedy_decoding():
     logits = torch.zeros(1, len(match) + 1, 8)
     for i, m in enumerate(match):
         logits[0, i, 5 if m else 6] = 1.0
-    teacher_idx = torch.full((len(match), 2), 5, dtype=torch.int32)
+    teacher_argmax = torch.full((len(match),), 5, dtype=torch.int32)
     report = evaluate(lambda ids: SimpleNamespace(logits=logits), [list(range(len(match) + 1))], [1],
-                      SimpleNamespace(top_idx=[teacher_idx]), k=4)
+                      SimpleNamespace(argmax=[teacher_argmax]), k=4)
     assert report["top1_agreement"] == pytest.approx(0.7)
     assert report["live_steps"] == 4
     assert report["live_acceptance_per_position"] == pytest.approx([0.5, 0.5, 0.25, 0.25])

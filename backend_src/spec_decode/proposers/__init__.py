@@ -7,13 +7,13 @@ k' <= k. :mod:`.registry` names the served ones; :mod:`.schedule` holds how k ch
 
 from .base import Proposal, ProposalRequest, Proposer
 from .draft_lm import DraftLMSettings, DraftModelProposer
+from .eagle import EagleHead, EagleProposer, EagleSettings
 from .hybrid import HybridProposer, HybridSettings
-from .mlp_speculator import MLPSpeculator, MLPSpeculatorProposer, MLPSpeculatorSettings
 from .ngram import NgramProposer, NgramSettings
 from .registry import METHODS, NO_SPECULATION, PROPOSERS, build_proposers, k_schedule, offered_methods
 from .suffix import SuffixProposer, SuffixSettings
 
-__all__ = ["METHODS", "NO_SPECULATION", "PROPOSERS", "DraftLMSettings", "DraftModelProposer", "HybridProposer",
-           "HybridSettings", "MLPSpeculator", "MLPSpeculatorProposer", "MLPSpeculatorSettings", "NgramProposer",
+__all__ = ["METHODS", "NO_SPECULATION", "PROPOSERS", "DraftLMSettings", "DraftModelProposer", "EagleHead",
+           "EagleProposer", "EagleSettings", "HybridProposer", "HybridSettings", "NgramProposer",
            "NgramSettings", "Proposal", "ProposalRequest", "Proposer", "SuffixProposer", "SuffixSettings",
            "build_proposers", "k_schedule", "offered_methods"]

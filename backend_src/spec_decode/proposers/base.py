@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import torch
 
-from ..sampling import SamplingParams
+from ..sampling import SamplingParams, generator_for, logits_to_probs, sample_from
 from ..settings import ConfigSettings
 from .schedule import KSchedule, make_schedule
 
@@ -79,8 +79,8 @@ class Proposer:
         GAUGES: Prometheus gauges it exports from draft_model (name -> help), values from :meth:`gauges`.
 
     Subclasses implement :meth:`propose`, and override :meth:`from_config` (by default ``cls(settings)``),
-    :meth:`configured`, :meth:`check`, :meth:`release`, :meth:`gauges` and :meth:`k_schedule` where the defaults do
-    not fit. README, "Adding a proposer", walks through an example.
+    :meth:`configured`, :meth:`check`, :meth:`observe`, :meth:`release`, :meth:`gauges` and :meth:`k_schedule` where
+    the defaults do not fit. README, "Adding a proposer", walks through an example.
     """
 
     name: ClassVar[str] = ""
@@ -133,6 +133,11 @@ class Proposer:
         return self.propose([ProposalRequest(seq_id, list(token_ids), k, params or SamplingParams(), step,
                                              hidden_states)])[0]
 
+    def observe(self, requests: list[ProposalRequest]) -> None:
+        """Take in a round's steps that this proposer does not draft (a composed proposer, hybrid, drafted them with
+        another): a proposer with per-sequence state built from each step (the EAGLE head's contexts) updates it.
+        By default: nothing."""
+
     def check(self, request: ProposalRequest) -> None:
         """Raise ValueError if ``request`` cannot be proposed for (draft_model then fails that request alone)."""
 
@@ -156,3 +161,36 @@ class Proposer:
             By default the configured schedule (:func:`~.schedule.make_schedule`).
         """
         return make_schedule(configured, max_k)
+
+
+def draft_token(logits: torch.Tensor, request: ProposalRequest, purpose: int, slot: int) -> tuple[int, torch.Tensor]:
+    """One draft token from a model proposer's logits under the request's sampling.
+
+    Args:
+        logits: [N] the proposer's logits for the slot (over its own, possibly pruned, vocabulary).
+        request: the sequence's request (its sampling parameters, seed and step).
+        purpose: the proposer's noise purpose (one per proposer, so two proposers never share noise).
+        slot: the draft's index in the step (0-based).
+
+    Returns:
+        (token index in [0, N), probs [N] float32 after the request's temperature / top-k / top-p): the argmax when
+        greedy, else a draw keyed by (seed, step, purpose, slot) (:func:`~spec_decode.sampling.generator_for`), so a
+        seeded request's drafts are reproducible. The verifier needs those ``probs`` for rejection sampling.
+    """
+    probs = logits_to_probs(logits, request.params)
+    if request.params.is_greedy:
+        return int(torch.argmax(probs)), probs
+    return sample_from(probs, generator_for(request.params.seed, request.step, purpose, slot)), probs
+
+
+def confident(running: float, probs: torch.Tensor, min_token_prob: float) -> bool:
+    """Whether a step drafts its next slot: ``running`` (the product of its drafts' probabilities so far) times the
+    slot's top probability is >= ``min_token_prob``, and ``probs`` [N] is finite (dynamic draft length: EAGLE-2's
+    confidence, transformers' ``assistant_confidence_threshold``).
+
+    Every draft slot costs a scored position whether accepted or not, so an unsure proposer should stop early. The rule
+    reads the distribution, never the token sampled from it: a rule that kept a sampled draft only when its own
+    probability was high would draft from q cut to its likely tokens while reporting q, and rejection sampling would
+    lose the target's law. (For greedy rows the top probability is the draft's own.)
+    """
+    return bool(torch.isfinite(probs).all()) and running * float(probs.max()) >= min_token_prob

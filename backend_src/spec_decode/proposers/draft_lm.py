@@ -19,9 +19,8 @@ import torch
 from ..draft_vocab import DraftVocab, load_draft_vocab
 from ..kv_cache import CachedCausalLM
 from ..model_loading import draft_lm_configured, load_cached_lm, resolve_draft_path
-from ..sampling import generator_for, logits_to_probs, sample_from
-from ..settings import LMSettings
-from .base import Proposal, ProposalRequest, Proposer
+from ..settings import LMSettings, in_range
+from .base import Proposal, ProposalRequest, Proposer, confident, draft_token
 
 _DRAFT_PURPOSE = 3
 
@@ -35,9 +34,16 @@ class DraftLMSettings(LMSettings):
         draft_model_path: ``auto`` (the draft distilled by ``make draft`` when it exists, else no draft LM), ``""`` or
             ``none`` (no draft LM: ``speculative_method=draft`` is refused), ``default`` (the embedded target drafting
             for itself; for tests), or a Hugging Face causal-LM folder sharing the target's tokenizer.
+        draft_min_token_prob: a step drafts its next slot while the product of its drafts' probabilities so far and
+            the slot's top probability is >= this, in [0, 1]; 0 drafts every slot (:func:`~.base.confident`).
     """
 
     draft_model_path: str = "auto"
+    draft_min_token_prob: float = 0.0
+
+    def check(self) -> None:
+        super().check()
+        in_range("draft_min_token_prob", self.draft_min_token_prob, 0.0, 1.0)
 
 
 class DraftModelProposer(Proposer):
@@ -46,6 +52,8 @@ class DraftModelProposer(Proposer):
     Args:
         lm: the draft model wrapped with its per-sequence KV cache.
         vocab: the draft's pruned vocabulary, or None when it shares the target's.
+        min_token_prob: a step stops drafting at the first slot where (the product of its drafts' probabilities so far)
+            x (the slot's top probability) falls below this (:func:`~.base.confident`; 0 drafts every slot).
     """
 
     name = "draft"
@@ -55,9 +63,10 @@ class DraftModelProposer(Proposer):
         "spec_decode_draft_kv_cache_tokens": "Tokens held in the draft LM's KV caches",
     }
 
-    def __init__(self, lm: CachedCausalLM, vocab: DraftVocab | None = None):
+    def __init__(self, lm: CachedCausalLM, vocab: DraftVocab | None = None, min_token_prob: float = 0.0):
         self.lm = lm
         self.vocab = vocab
+        self.min_token_prob = min_token_prob
 
     @classmethod
     def configured(cls, settings: DraftLMSettings) -> bool:
@@ -74,7 +83,7 @@ class DraftModelProposer(Proposer):
         path = resolve_draft_path(settings.draft_model_path)
         if path is None:
             return None
-        return cls(load_cached_lm(path, settings), load_draft_vocab(path))
+        return cls(load_cached_lm(path, settings), load_draft_vocab(path), settings.draft_min_token_prob)
 
     def _draft_ids(self, token_ids: list[int]) -> list[int]:
         return self.vocab.map_ids(token_ids) if self.vocab is not None else list(token_ids)
@@ -84,13 +93,13 @@ class DraftModelProposer(Proposer):
         self.lm.check(self._draft_ids(request.token_ids), 1)
 
     def propose(self, requests: list[ProposalRequest]) -> list[Proposal]:
-        """Sample each request's k draft tokens (argmax when greedy; noise keyed by (seed, step, position)): each of
-        the k draft positions is one batched forward over the sequences that still need a token
-        (:meth:`CachedCausalLM.logits_batch`).
+        """Sample each request's drafts (argmax when greedy; noise keyed by (seed, step, position)) until k, or until
+        the draft is unsure (``min_token_prob``): each draft position is one batched forward over the sequences that
+        still draft (:meth:`CachedCausalLM.logits_batch`).
 
         Returns:
-            per request, draft_token_ids [k] int64 and draft_probs [k, V] float32 on the draft's device (the same as
-            alone, up to float rounding of the batched forward).
+            per request, draft_token_ids [k'] int64 and draft_probs [k', V] float32 on the draft's device (the same as
+            alone, up to float rounding of the batched forward); score the sum of the drafts' running probabilities.
 
         Raises:
             ValueError: a token id outside the draft's vocabulary, or a repeated seq_id.
@@ -99,25 +108,32 @@ class DraftModelProposer(Proposer):
         ids = [self._draft_ids(r.token_ids) for r in requests]
         drafts: list[list[int]] = [[] for _ in requests]
         rows: list[list[torch.Tensor]] = [[] for _ in requests]
+        running, score = [1.0] * len(requests), [0.0] * len(requests)
+        active = [j for j, r in enumerate(requests) if r.k > 0]
         for i in range(max((r.k for r in requests), default=0)):
-            active = [j for j, r in enumerate(requests) if r.k > i]
             logits = self.lm.logits_batch([(requests[j].seq_id, ids[j], 1) for j in active])
+            still = []
             for j, lg in zip(active, logits):
-                params, lg = requests[j].params, lg[0]
+                lg = lg[0]
                 if vocab is not None:
                     lg = lg[: vocab.unk_index]  # never propose the "outside the set" row
-                probs = logits_to_probs(lg, params)
-                if params.is_greedy:
-                    tok = int(torch.argmax(probs))
-                else:
-                    tok = sample_from(probs, generator_for(params.seed, requests[j].step, _DRAFT_PURPOSE, i))
+                tok, probs = draft_token(lg, requests[j], _DRAFT_PURPOSE, i)
+                if not confident(running[j], probs, self.min_token_prob):
+                    continue
+                running[j] *= float(probs[tok])
+                score[j] += running[j]
                 ids[j].append(tok)
                 if vocab is not None:
                     probs, tok = vocab.scatter(probs), int(vocab.token_ids[tok])
                 drafts[j].append(tok)
                 rows[j].append(probs.float())
-        return [Proposal(torch.tensor(d, dtype=torch.int64), torch.stack(r)) if d else Proposal.empty()
-                for d, r in zip(drafts, rows)]
+                if len(drafts[j]) < requests[j].k:
+                    still.append(j)
+            active = still
+            if not active:
+                break
+        return [Proposal(torch.tensor(d, dtype=torch.int64), torch.stack(r), sc) if d else Proposal.empty()
+                for d, r, sc in zip(drafts, rows, score)]
 
     def release(self, seq_id: int, final_token_ids: list[int] | None = None) -> None:
         """Free the draft KV cache of ``seq_id``."""

@@ -1,11 +1,12 @@
 """Hybrid proposer (Arctic Inference): the suffix draft when its score reaches k, otherwise another proposer's.
 
 The score of a suffix draft is the expected number of accepted tokens (sum of its running probabilities), so score >= k
-means suffix matching expects to fill all k draft slots; otherwise the fallback proposer (the speculator, the draft LM,
-or n-gram prompt lookup) drafts this step, unless it proposes nothing or its own score (the speculator's estimate of
-its accepted count) is below the suffix score, where the suffix draft stays. Both are composed through the proposer
-contract: one suffix call for the round's sequences, then one fallback call for those whose score fell short. The
-request's suffix tree is updated every step either way.
+means suffix matching expects to fill all k draft slots; otherwise the fallback proposer (the EAGLE head, the draft
+LM, or n-gram prompt lookup) drafts this step, unless it proposes nothing or its own score (the head's or the draft
+LM's estimate of its accepted count) is below the suffix score, where the suffix draft stays. Both are composed
+through the proposer contract: one suffix call for the round's sequences, then one fallback call for those whose
+score fell short (the others are shown to the fallback with ``observe``). The request's suffix tree is updated every
+step either way.
 """
 
 from __future__ import annotations
@@ -15,15 +16,15 @@ from dataclasses import dataclass
 from ..settings import ConfigSettings
 from .base import Proposal, ProposalRequest, Proposer
 
-FALLBACKS = ("ngram", "draft", "mlp_speculator", "auto")
-_AUTO = ("mlp_speculator", "draft", "ngram")  # auto: the first of these served (Arctic pairs suffix with a speculator)
+FALLBACKS = ("ngram", "draft", "eagle", "auto")
+_AUTO = ("eagle", "draft", "ngram")  # auto: the first of these served (Arctic pairs suffix with a model speculator)
 
 
 @dataclass(frozen=True)
 class HybridSettings(ConfigSettings):
     """Config parameter ``hybrid_fallback``: the proposer used when the suffix score is below k: ``ngram``,
-    ``draft`` (needs a draft LM), ``mlp_speculator`` (needs a speculator) or ``auto`` (the speculator when there is one,
-    else the draft LM when there is one, else ``ngram``)."""
+    ``draft`` (needs a draft LM), ``eagle`` (needs an EAGLE head) or ``auto`` (the EAGLE head when there is one, else
+    the draft LM when there is one, else ``ngram``)."""
 
     PREFIX = "hybrid_"
     fallback: str = "ngram"
@@ -43,7 +44,7 @@ class HybridProposer(Proposer):
 
     name = "hybrid"
     Settings = HybridSettings
-    needs_hidden_states = True  # its fallback may draft from them (the speculator)
+    needs_hidden_states = True  # its fallback may draft from them (the EAGLE head)
 
     def __init__(self, suffix: Proposer, fallback: Proposer):
         self.suffix = suffix
@@ -54,14 +55,15 @@ class HybridProposer(Proposer):
         """Hybrid over the served ``suffix`` proposer and the configured fallback.
 
         Raises:
-            ValueError: ``hybrid_fallback=draft`` without a draft LM.
+            ValueError: ``hybrid_fallback`` names a proposer not served (the draft LM or the EAGLE head without its
+                model).
         """
         fallback = settings.fallback
         if fallback == "auto":
             fallback = next(name for name in _AUTO if name in served)
         if fallback not in served:
             raise ValueError(f"config parameter 'hybrid_fallback': {fallback!r} is not served here (draft needs a "
-                             f"draft LM: draft_model_path; mlp_speculator a speculator: mlp_speculator_path)")
+                             f"draft LM: draft_model_path; eagle an EAGLE head: eagle_path)")
         return cls(served["suffix"], served[fallback])
 
     def check(self, request: ProposalRequest) -> None:
@@ -70,10 +72,13 @@ class HybridProposer(Proposer):
 
     def propose(self, requests: list[ProposalRequest]) -> list[Proposal]:
         """Per request, the suffix draft if its score >= k, else the fallback's proposal, unless the fallback
-        proposes nothing or scores its proposal (the speculator does) below the suffix score: then the suffix
+        proposes nothing or scores its proposal (the model proposers do) below the suffix score: then the suffix
         draft."""
         out = self.suffix.propose(requests)
         short = [i for i, (r, p) in enumerate(zip(requests, out)) if (p.score or 0.0) < r.k]
+        if len(short) < len(requests):  # the fallback sees the steps it does not draft too (the EAGLE head's context)
+            drafting = set(short)
+            self.fallback.observe([r for i, r in enumerate(requests) if i not in drafting])
         if short:
             for i, p in zip(short, self.fallback.propose([requests[i] for i in short])):
                 mine = out[i].score or 0.0

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 
 from .base import Proposer
 from .draft_lm import DraftModelProposer
+from .eagle import EagleProposer
 from .hybrid import HybridProposer
-from .mlp_speculator import MLPSpeculatorProposer
 from .ngram import NgramProposer
 from .schedule import ConstantK, KSchedule
 from .suffix import SuffixProposer
@@ -25,7 +25,7 @@ PROPOSERS: dict[str, type[Proposer]] = {cls.name: cls for cls in (
     DraftModelProposer,
     NgramProposer,
     SuffixProposer,
-    MLPSpeculatorProposer,
+    EagleProposer,
     HybridProposer,
 )}
 

@@ -76,3 +76,29 @@ def test_a_short_suffix_draft_stays_when_the_fallback_has_nothing_or_scores_lowe
     assert drafts(_Scored([4, 5, 6], 1.0)) == [7, 8]  # it expects less than suffix matching: suffix's
     assert drafts(_Scored([4, 5, 6], None)) == [4, 5, 6]  # an unscored fallback (n-gram, draft LM) drafts
     assert drafts(_Scored([], None)) == [7, 8]  # ... unless it has nothing
+
+
+def test_the_fallback_observes_the_steps_suffix_drafts():
+    """Rows whose suffix score reaches k go to the fallback's observe (an EAGLE head keeps its contexts whole), the
+    others to its propose; each row once."""
+    class _Recording(_Scored):
+        def __init__(self):
+            super().__init__([4, 5, 6], None)
+            self.seen = {"observe": [], "propose": []}
+
+        def observe(self, requests):
+            self.seen["observe"] += [r.seq_id for r in requests]
+
+        def propose(self, requests):
+            self.seen["propose"] += [r.seq_id for r in requests]
+            return super().propose(requests)
+
+    class _BySeq(_Scored):  # suffix's score: 3 for odd sequences (>= k = 3), 0 for even ones
+        def propose(self, requests):
+            return [Proposal(torch.tensor([9, 9, 9]), None, 3.0 if r.seq_id % 2 else 0.0) for r in requests]
+
+    fallback = _Recording()
+    reqs = [ProposalRequest(s, [1, 2], 3, GREEDY, 0) for s in range(1, 6)]
+    out = HybridProposer(_BySeq([], None), fallback).propose(reqs)
+    assert fallback.seen == {"observe": [1, 3, 5], "propose": [2, 4]}
+    assert [o.draft_token_ids.tolist() for o in out] == [[9, 9, 9], [4, 5, 6], [9, 9, 9], [4, 5, 6], [9, 9, 9]]

@@ -27,12 +27,12 @@ def _readme_example() -> dict:
 def test_methods_follow_the_registry_and_the_draft_lm_is_offered_only_with_a_model():
     """The built-in methods in their order (a proposer added later comes after them)."""
     assert registry.METHODS == ("none", *registry.PROPOSERS)
-    assert registry.METHODS[:6] == ("none", "draft", "ngram", "suffix", "mlp_speculator", "hybrid")
+    assert registry.METHODS[:6] == ("none", "draft", "ngram", "suffix", "eagle", "hybrid")
     # offered: what draft_model serves with its parameters; the model-free ones always, the others when configured
-    none = {"draft_model_path": "", "mlp_speculator_path": ""}
-    assert registry.offered_methods(none) == tuple(m for m in registry.METHODS if m not in ("draft", "mlp_speculator"))
+    none = {"draft_model_path": "", "eagle_path": ""}
+    assert registry.offered_methods(none) == tuple(m for m in registry.METHODS if m not in ("draft", "eagle"))
     assert "draft" in registry.offered_methods({**none, "draft_model_path": "default"})
-    assert registry.offered_methods(none, draft_lm=True) == tuple(m for m in registry.METHODS if m != "mlp_speculator")
+    assert registry.offered_methods(none, draft_lm=True) == tuple(m for m in registry.METHODS if m != "eagle")
     assert isinstance(registry.k_schedule("none", "heuristic", 8), ConstantK)  # plain decoding: k stays 0
     assert isinstance(registry.k_schedule("ngram", "heuristic", 8), HeuristicK)
     assert isinstance(registry.k_schedule("suffix", "constant", 8), ConstantK)
@@ -73,7 +73,7 @@ def test_a_new_proposer_is_served_with_its_config_parameter_and_offered_to_clien
     from spec_decode.settings import GenerateSettings
 
     assert "echo_period" in registry.config_parameters()
-    methods = registry.offered_methods({"draft_model_path": "", "mlp_speculator_path": ""})
+    methods = registry.offered_methods({"draft_model_path": "", "eagle_path": ""})
     assert methods[-1] == "echo"
     req = parse_request({"text_input": np.array([b"hi"], object), "max_tokens": np.array([24], np.int32),
                          "speculative_method": np.array([b"echo"], object)}, RequestLimits(GenerateSettings(), methods))
