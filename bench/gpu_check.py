@@ -442,7 +442,8 @@ def load_ensembles(paths: dict, dtype: str, verifier_backend: str) -> dict:
     common = {"device": DEV.type, "dtype": dtype, "max_sequences": "64"}
     target = TargetBackend({**common, "model_path": str(paths["target"])})
     verifier = VerifierBackend({"num_threads": "0", "backend": verifier_backend})
-    suffix = {"suffix_backend": "python", "suffix_max_cached_requests": "64"}
+    # the draft LMs draft every slot (a random-weight draft is never confident: the default 0.3 would draft nothing)
+    suffix = {"suffix_backend": "python", "suffix_max_cached_requests": "64", "draft_min_token_prob": "0"}
     draft = DraftBackend({**common, **suffix, "draft_model_path": str(paths["draft"])})
     self_draft = DraftBackend({**common, **suffix, "draft_model_path": str(paths["target"])})
     main = LocalEnsemble(draft, target, verifier)

@@ -110,6 +110,7 @@ def server(tmp_path_factory, tiny_eagle):
     from spec_decode.server import draft_overrides, prepare_repository
 
     overrides = draft_overrides("default")
+    overrides["draft_model"]["draft_min_token_prob"] = "0"  # the self-draft drafts every slot (all accepted)
     overrides["draft_model"]["eagle_path"] = str(tiny_eagle)
     overrides["draft_model"]["eagle_min_token_prob"] = "0"  # the tiny one is unsure: draft every slot
     log = tmp_path_factory.mktemp("triton") / "server.log"

@@ -22,7 +22,7 @@ def test_every_registered_method_equals_plain_greedy(tiny_dir, tiny_lm, real_tok
                                eos_token_id=None, pad_token_id=0)[0, 3:].tolist()
     served = build_proposers({"draft_model_path": str(tiny_dir), "device": "cpu", "dtype": "float32",
                               "suffix_backend": "python", "suffix_max_cached_requests": "16",
-                              "hybrid_fallback": "draft",
+                              "hybrid_fallback": "draft", "draft_min_token_prob": "0",
                               "eagle_path": str(save_tiny_eagle(tiny_lm, tmp_path / "eagle")),
                               "eagle_min_token_prob": "0"})
     assert ("none", *served) == METHODS  # every registered proposer is served here

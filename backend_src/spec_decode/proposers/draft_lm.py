@@ -39,7 +39,7 @@ class DraftLMSettings(LMSettings):
     """
 
     draft_model_path: str = "auto"
-    draft_min_token_prob: float = 0.0
+    draft_min_token_prob: float = 0.3
 
     def check(self) -> None:
         super().check()

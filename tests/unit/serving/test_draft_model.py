@@ -18,7 +18,7 @@ def _row(seq, ids, method, k=3, **kw):
 @pytest.fixture(scope="module")
 def draft(tiny_dir):
     return DraftBackend({"draft_model_path": str(tiny_dir), "device": "cpu", "dtype": "float32",
-                         "suffix_backend": "python"})
+                         "suffix_backend": "python", "draft_min_token_prob": "0"})
 
 
 def test_draft_lm_rows_share_forwards_and_a_bad_row_fails_alone(draft, tiny_lm):

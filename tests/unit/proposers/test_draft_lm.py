@@ -1,0 +1,47 @@
+"""spec_decode.proposers.draft_lm: a round's drafts as each sequence's alone, and the confidence rule that ends a
+step's drafts (draft_min_token_prob)."""
+
+import pytest
+import torch
+
+from spec_decode.kv_cache import CachedCausalLM
+from spec_decode.proposers import DraftLMSettings, DraftModelProposer, ProposalRequest
+from spec_decode.sampling import SamplingParams
+
+
+def _requests():
+    g = torch.Generator().manual_seed(3)
+    return [ProposalRequest(s, torch.randint(0, 97, (4 + s,), generator=g).tolist(), 4,
+                            SamplingParams() if s % 2 else SamplingParams(temperature=1.0, seed=s), 0)
+            for s in range(40)]
+
+
+def test_a_step_drafts_while_its_confidence_holds_and_scores_its_drafts(tiny_lm):
+    """With min_token_prob = t, each proposal is the prefix of the every-slot proposal up to the first slot i where
+    (product of the drafts' probabilities before i) x (slot i's top probability) < t; its score is the sum of its
+    drafts' running probabilities."""
+    lm = CachedCausalLM(tiny_lm)
+    every = DraftModelProposer(lm, None, 0.0).propose(_requests())
+    for r in _requests():
+        lm.release(r.seq_id)
+    confidence, running = [], []
+    for p in every:
+        assert len(p.draft_token_ids) == 4
+        chosen = p.draft_probs[torch.arange(4), p.draft_token_ids].double()
+        running.append(torch.cumprod(chosen, 0))
+        confidence.append(torch.cat([torch.ones(1, dtype=torch.float64), running[-1][:-1]])
+                          * p.draft_probs.double().max(-1).values)
+        assert p.score == pytest.approx(float(running[-1].sum()), rel=1e-5)
+    t = float(torch.stack([c[1] for c in confidence]).median())  # about half the rows stop after one draft
+    cut = DraftModelProposer(lm, None, t).propose(_requests())
+    lengths = []
+    for p, q, run, conf in zip(every, cut, running, confidence):
+        n = int((conf >= t).cumprod(0).sum())
+        lengths.append(n)
+        assert q.draft_token_ids.tolist() == p.draft_token_ids[:n].tolist()
+        if n:
+            torch.testing.assert_close(q.draft_probs, p.draft_probs[:n], atol=1e-5, rtol=1e-4)
+            assert q.score == pytest.approx(float(run[:n].sum()), rel=1e-4)
+    assert len(set(lengths)) > 1  # the rule cut some rows, not all
+    with pytest.raises(Exception, match="draft_min_token_prob"):
+        DraftLMSettings(draft_min_token_prob=-0.1)
