@@ -409,9 +409,12 @@ def bandwidth() -> dict:
 
 # ---------------------------------------------------------------------------------------------------------------- 3
 def build_models(folder: Path) -> dict:
-    """A random-weight Llama target and its 2-layer early-exit draft, saved as bfloat16 model folders."""
+    """A random-weight Llama target, its 2-layer early-exit draft (bfloat16 model folders) and a random EAGLE head
+    over half of its vocabulary (as ``make speculator`` saves one)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from spec_decode.draft_vocab import DraftVocab
+    from spec_decode.proposers.eagle import EagleHead, eagle_config
     from spec_decode.train_draft import truncated_copy
 
     torch.manual_seed(0)
@@ -420,7 +423,11 @@ def build_models(folder: Path) -> dict:
     with torch.device(DEV):
         target = LlamaForCausalLM(cfg)
         draft = truncated_copy(target, 2)
-    paths = {"target": folder / "target", "draft": folder / "draft"}
+    paths = {"target": folder / "target", "draft": folder / "draft", "eagle": folder / "eagle"}
+    vocab = DraftVocab(torch.arange(0, LLAMA["vocab_size"], 2), LLAMA["vocab_size"])
+    emb = target.get_input_embeddings().weight.detach()[vocab.token_ids.to(DEV)].cpu()
+    head = target.get_output_embeddings().weight.detach()[vocab.token_ids.to(DEV)].cpu()
+    EagleHead(torch.cat([emb, emb.mean(0, keepdim=True)]), head, eagle_config(cfg)).save(paths["eagle"], vocab)
     for name, model in (("target", target), ("draft", draft)):
         model.to(torch.bfloat16).save_pretrained(paths[name])
     params = sum(p.numel() for p in target.parameters())
@@ -444,10 +451,11 @@ def load_ensembles(paths: dict, dtype: str, verifier_backend: str) -> dict:
     verifier = VerifierBackend({"num_threads": "0", "backend": verifier_backend})
     # the draft LMs draft every slot (a random-weight draft is never confident: the default 0.3 would draft nothing)
     suffix = {"suffix_backend": "python", "suffix_max_cached_requests": "64", "draft_min_token_prob": "0"}
-    draft = DraftBackend({**common, **suffix, "draft_model_path": str(paths["draft"])})
+    draft = DraftBackend({**common, **suffix, "draft_model_path": str(paths["draft"]),
+                          "eagle_path": str(paths["eagle"]), "eagle_min_token_prob": "0"})
     self_draft = DraftBackend({**common, **suffix, "draft_model_path": str(paths["target"])})
     main = LocalEnsemble(draft, target, verifier)
-    return {"none": main, "draft": main, "ngram": main, "suffix": main,
+    return {"none": main, "draft": main, "ngram": main, "suffix": main, "eagle": main,
             "self": LocalEnsemble(self_draft, target, verifier)}
 
 
@@ -561,7 +569,7 @@ def decoding(deadline: float) -> dict:
         prompts = make_prompts(PROMPTS, PROMPT_LEN, LLAMA["vocab_size"])
         res = {"target_parameters": built["target_parameters"], "config": LLAMA, "k": K_DECODE,
                "max_tokens": MAX_TOKENS, "prompts": len(prompts), "runs": []}
-        methods = ("none", "draft", "ngram", "suffix", "self")
+        methods = ("none", "draft", "ngram", "suffix", "eagle", "self")
         res["verifier_backend"] = VERIFIER_BACKEND
         res["note"] = ("random weights; speeds are overhead checks of the step path (transformers' eager forward is "
                        "bound by kernel launches at these sizes), not what a trained model would reach")

@@ -285,7 +285,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="the repository's default_speculative_method (default: the shipped one)")
     ap.add_argument("--output", type=Path, default=Path("results/bench.json"))
     ap.add_argument("--url", help="use an already running server (gRPC host:port) instead of starting one per method")
+    ap.add_argument("--set", action="append", default=[], metavar="MODEL.PARAMETER=VALUE",
+                    help="a config.pbtxt parameter for every server started (repeatable), e.g. "
+                         "draft_model.eagle_min_token_prob=0")
     args = ap.parse_args(argv)
+    settings: dict[str, dict[str, str]] = {}
+    for item in args.set:
+        key, eq, value = item.partition("=")
+        model, dot, param = key.partition(".")
+        if not (eq and dot and model and param):
+            ap.error(f"--set {item!r}: expected MODEL.PARAMETER=VALUE")
+        settings.setdefault(model, {})[param] = value
 
     prompts = humaneval_prompts(args.prompts)
     methods = args.methods.split(",")
@@ -315,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides = draft_overrides(args.draft_model) if args.draft_model else {}
         if m == "hybrid" and head is not None:  # Arctic's arrangement: suffix, else the model speculator
             overrides.setdefault("draft_model", {})["hybrid_fallback"] = "eagle"
+        for model, params in settings.items():
+            overrides.setdefault(model, {}).update(params)
         repo = prepare_repository(overrides or None)
         log = args.output.with_name(f"{args.output.stem}.{m}.server.log")
         with TritonServer(repo, log_path=log) as srv:
@@ -371,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         where = f" ({g['worst']})" if "worst" in g else ""
         print(f"  {'REACHED' if g['reached'] else 'not reached'}: {g['goal']}: {g['value']:.2f}{where}")
     result = {"goals": result_goals, "prompts": len(prompts), "passes": args.passes, "max_tokens": args.max_tokens,
+              "settings": settings,
               "num_draft_tokens": args.num_draft_tokens, "draft_model": args.draft_model or None,
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
               "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "results": rows}

@@ -191,6 +191,7 @@ def confident(running: float, probs: torch.Tensor, min_token_prob: float) -> boo
     Every draft slot costs a scored position whether accepted or not, so an unsure proposer should stop early. The rule
     reads the distribution, never the token sampled from it: a rule that kept a sampled draft only when its own
     probability was high would draft from q cut to its likely tokens while reporting q, and rejection sampling would
-    lose the target's law. (For greedy rows the top probability is the draft's own.)
+    lose the target's law. (For greedy rows the top probability is the draft's own.) As a top probability is at most
+    1, no slot passes once ``running`` is below ``min_token_prob``: proposers skip its forward.
     """
     return bool(torch.isfinite(probs).all()) and running * float(probs.max()) >= min_token_prob

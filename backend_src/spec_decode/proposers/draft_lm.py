@@ -127,7 +127,7 @@ class DraftModelProposer(Proposer):
                     probs, tok = vocab.scatter(probs), int(vocab.token_ids[tok])
                 drafts[j].append(tok)
                 rows[j].append(probs.float())
-                if len(drafts[j]) < requests[j].k:
+                if len(drafts[j]) < requests[j].k and running[j] >= self.min_token_prob:  # else no next slot passes
                     still.append(j)
             active = still
             if not active:

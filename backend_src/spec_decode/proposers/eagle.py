@@ -12,14 +12,17 @@ target's frozen LM head reads the distribution of x_{j+2} (EAGLE's feature-level
 
 Drafting from committed tokens x_0..x_n: the pairs j < n come from the target (its hidden states travel with the
 steps), and the last of them drafts x_{n+1}; then pair n is (a_{n-1} in place of f_n, the drafted token), and so on:
-the head feeds its own output back, as trained (EAGLE-3's "training-time test": :func:`unrolled_losses`).
+the head feeds its own output back, as trained (EAGLE-3's "training-time test": :func:`unrolled_outputs`).
 
 E and head are the target's input embedding and LM head over a pruned vocabulary (:class:`~spec_decode.draft_vocab.
 DraftVocab`: the kept tokens, plus one embedding row for every other input token), frozen; the probabilities are
 scattered back to the target's vocabulary, zero elsewhere, so rejection sampling stays exact.
 
-The folder holds ``config.json`` (sizes), ``eagle.safetensors``,
-``draft_vocab.json`` and ``train_speculator.json`` (the training report of ``make speculator``).
+Chosen over the MLP speculator (Wertheimer et al. 2024) by measurement: trained on the same data, held out, k = 4,
+drafting every slot, 1.51 tokens per step against 1.42 (README, "Trained proposers").
+
+The folder holds ``config.json`` (sizes), ``eagle.safetensors``, ``draft_vocab.json`` and ``train_speculator.json``
+(the training report of ``make speculator``).
 """
 
 from __future__ import annotations
@@ -56,20 +59,19 @@ class RMSNorm(nn.Module):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """Rotary position embedding (Su et al. 2021, Llama's half-split layout).
 
     Args:
         x: [B, heads, T, D] queries or keys.
         positions: [B, T] int64 token positions.
-        theta: the rotary base.
+        inv_freq: [D/2] float32, theta^(-2i/D) (:meth:`EagleHead.project`).
 
     Returns:
         [B, heads, T, D], x's dtype.
     """
     d = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
-    ang = positions[:, None, :, None].float() * inv  # [B, 1, T, D/2]
+    ang = positions[:, None, :, None].float() * inv_freq  # [B, 1, T, D/2]
     cos, sin = torch.cos(ang).repeat(1, 1, 1, 2), torch.sin(ang).repeat(1, 1, 1, 2)
     rot = torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1)
     return (x.float() * cos + rot.float() * sin).to(x.dtype)
@@ -100,6 +102,7 @@ class EagleHead(nn.Module):
         if self.heads % self.kv_heads:
             raise ValueError(f"{self.heads} attention heads are not a multiple of {self.kv_heads} key/value heads")
         eps, inter = float(config["rms_norm_eps"]), int(config["intermediate_size"])
+        self._inv_freq: dict[torch.device, torch.Tensor] = {}  # the rotary frequencies per device (rotate)
         self.register_buffer("embedding", embedding.detach().float().clone())
         self.register_buffer("head", head.detach().float().clone())
         self.fc = nn.Linear(2 * h, h, bias=True)
@@ -131,14 +134,16 @@ class EagleHead(nn.Module):
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        return rotate(q, positions, self.theta), rotate(k, positions, self.theta), v
+        inv = self._inv_freq.get(z.device)
+        if inv is None:  # float32 whatever the head's dtype (angles at long positions need it), once per device
+            d = self.head_dim
+            inv = self._inv_freq[z.device] = 1.0 / self.theta ** (torch.arange(0, d, 2, device=z.device).float() / d)
+        return rotate(q, positions, inv), rotate(k, positions, inv), v
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Grouped-query attention: q [B, heads, T, D] over keys/values [B, kv_heads, S, D] where ``mask`` [B or 1, 1,
         T, S] (bool) allows; returns [B, T, heads x D]."""
-        rep = self.heads // self.kv_heads
-        att = F.scaled_dot_product_attention(q, keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1),
-                                             attn_mask=mask)
+        att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         return att.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
 
     def finish(self, z: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
@@ -512,7 +517,7 @@ class EagleProposer(Proposer):
                     drafts[j].append(int(vocab.token_ids[tok]))
                     rows[j].append(vocab.scatter(probs))
                     score[j] += running[row]
-                    if len(drafts[j]) < r.k:
+                    if len(drafts[j]) < r.k and running[row] >= self.min_token_prob:  # else no next slot can pass
                         keep.append(row)
                         tokens.append(tok)
                 if not keep:
