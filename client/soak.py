@@ -21,7 +21,8 @@ from .generate import build_inputs
 from .metrics import scrape, value
 
 CACHE_GAUGES = ("spec_decode_running_sequences", "spec_decode_target_kv_cache_sequences",
-                "spec_decode_draft_kv_cache_sequences", "spec_decode_suffix_active_requests")
+                "spec_decode_draft_kv_cache_sequences", "spec_decode_eagle_cache_sequences",
+                "spec_decode_suffix_active_requests")
 
 
 def random_request(rng: random.Random, prompts: list[str], methods: tuple[str, ...], cancel_fraction: float,

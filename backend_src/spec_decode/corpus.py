@@ -20,7 +20,7 @@ from pathlib import Path
 
 HELD_OUT = 20  # HumanEval tasks 0..19: evaluation only
 # The tools' default: with HumanEval's training tasks ~330,000 tokens, whose teacher pass takes ~3 minutes on 2 cores
-# in bfloat16 (~2,300 tokens/s; ~700 in float32), so that make speculator and make draft stay within 15 minutes from
+# in bfloat16 (~2,000 tokens/s; ~700 in float32), so that make speculator and make draft stay within 15 minutes from
 # scratch.
 DEFAULT_STDLIB_TOKENS = 300_000
 _SKIP_PARTS = {"test", "tests", "idle_test", "site-packages", "__pycache__"}

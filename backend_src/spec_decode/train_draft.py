@@ -24,9 +24,9 @@ rejection sampling stays exact (the draft's probability is zero outside the set;
 
 The result is an ordinary Hugging Face folder (config.json, model.safetensors, tokenizer files) plus
 ``draft_vocab.json`` and ``train_draft.json`` (settings, corpus, loss curve, evaluation), written atomically to
-``--output`` (default ``$SPEC_DECODE_CACHE/models/SmolLM2-135M-Instruct-draft``, outside the repository). About 9
-minutes on 2 CPU cores with the defaults (the teacher's passes ~5, skipped when ``make speculator`` made them;
-distillation and evaluation ~5).
+``--output`` (default ``$SPEC_DECODE_CACHE/models/SmolLM2-135M-Instruct-draft``, outside the repository). About 7
+minutes on 2 CPU cores with the defaults (the teacher's pass ~3, skipped when ``make speculator`` made it;
+distillation and evaluation ~3.7).
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ from spec_decode.proposers import METHODS
 from spec_decode.sampling import SamplingParams, logits_to_probs
 
 CACHES = ("spec_decode_running_sequences", "spec_decode_target_kv_cache_sequences",
-          "spec_decode_draft_kv_cache_sequences", "spec_decode_suffix_active_requests")
+          "spec_decode_draft_kv_cache_sequences", "spec_decode_eagle_cache_sequences",
+          "spec_decode_suffix_active_requests")
 
 
 def _idle(samples) -> bool:

@@ -28,10 +28,10 @@ def test_cpu_mode_runs_every_part_and_every_method_equals_plain_greedy(tmp_path)
     assert kernels["compared"] == kernels["equal"] == 96
     assert res["parts"]["big_batch"]["equal"] and all(res["parts"]["batch_invariance"]["invariant"].values())
     runs = res["parts"]["decoding"]["runs"]
-    assert len(runs) == 20 and all(r["equal_to_plain_greedy"] for r in runs)
+    assert len(runs) == 24 and all(r["equal_to_plain_greedy"] for r in runs)
     # The target drafting for itself: greedy drafts are its own argmax, so every one is accepted.
     assert all(r["acceptance_rate"] == 1.0 for r in runs if r["method"] == "self")
-    assert {r["method"] for r in runs} == {"none", "draft", "ngram", "suffix", "self"}
+    assert {r["method"] for r in runs} == {"none", "draft", "ngram", "suffix", "eagle", "self"}
     assert len(res["parts"]["decoding"]["forward_cost"]["ms"]) == 9
     assert "PASSED" in proc.stdout and res["table"] in proc.stdout
 
