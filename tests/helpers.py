@@ -35,3 +35,37 @@ def save_tiny_eagle(tiny_lm, folder, kept=tuple(range(0, 97, 2)), seed: int = 0)
     EagleHead(torch.cat([emb, emb.mean(0, keepdim=True)]), head, tiny_eagle_config()).save(folder, vocab)
     (folder / "train_speculator.json").write_text("{}")
     return folder
+
+
+def confidence_rule(every):
+    """Per proposal drafted at every slot: (running product of its drafts' probabilities, float64 [n]; the rule's
+    confidence at each slot, float64 [n]: the product before the slot times the slot's top probability), checking
+    that each proposal's score is the sum of its running products."""
+    import pytest
+    import torch
+
+    running, confidence = [], []
+    for p in every:
+        chosen = p.draft_probs[torch.arange(len(p.draft_token_ids)), p.draft_token_ids].double()
+        running.append(torch.cumprod(chosen, 0))
+        confidence.append(torch.cat([torch.ones(1, dtype=torch.float64), running[-1][:-1]])
+                          * p.draft_probs.double().max(-1).values)
+        assert p.score == pytest.approx(float(running[-1].sum()), rel=1e-5)
+    return running, confidence
+
+
+def assert_cut_by_rule(every, cut, running, confidence, t, **close) -> list:
+    """Each proposal of ``cut`` (min_token_prob = ``t``) is its every-slot proposal's prefix up to the first slot whose
+    confidence is below ``t``, with the same probabilities and the prefix's score; returns the prefix lengths."""
+    import pytest
+    import torch
+
+    lengths = []
+    for p, q, run, conf in zip(every, cut, running, confidence):
+        n = int((conf >= t).cumprod(0).sum())
+        lengths.append(n)
+        assert q.draft_token_ids.tolist() == p.draft_token_ids[:n].tolist()
+        if n:
+            torch.testing.assert_close(q.draft_probs, p.draft_probs[:n], **close)
+            assert q.score == pytest.approx(float(run[:n].sum()), rel=1e-4)
+    return lengths

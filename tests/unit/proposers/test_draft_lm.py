@@ -7,6 +7,7 @@ import torch
 from spec_decode.kv_cache import CachedCausalLM
 from spec_decode.proposers import DraftLMSettings, DraftModelProposer, ProposalRequest
 from spec_decode.sampling import SamplingParams
+from tests.helpers import assert_cut_by_rule, confidence_rule
 
 
 def _requests():
@@ -24,24 +25,11 @@ def test_a_step_drafts_while_its_confidence_holds_and_scores_its_drafts(tiny_lm)
     every = DraftModelProposer(lm, None, 0.0).propose(_requests())
     for r in _requests():
         lm.release(r.seq_id)
-    confidence, running = [], []
-    for p in every:
-        assert len(p.draft_token_ids) == 4
-        chosen = p.draft_probs[torch.arange(4), p.draft_token_ids].double()
-        running.append(torch.cumprod(chosen, 0))
-        confidence.append(torch.cat([torch.ones(1, dtype=torch.float64), running[-1][:-1]])
-                          * p.draft_probs.double().max(-1).values)
-        assert p.score == pytest.approx(float(running[-1].sum()), rel=1e-5)
+    assert all(len(p.draft_token_ids) == 4 for p in every)
+    running, confidence = confidence_rule(every)
     t = float(torch.stack([c[1] for c in confidence]).median())  # about half the rows stop after one draft
     cut = DraftModelProposer(lm, None, t).propose(_requests())
-    lengths = []
-    for p, q, run, conf in zip(every, cut, running, confidence):
-        n = int((conf >= t).cumprod(0).sum())
-        lengths.append(n)
-        assert q.draft_token_ids.tolist() == p.draft_token_ids[:n].tolist()
-        if n:
-            torch.testing.assert_close(q.draft_probs, p.draft_probs[:n], atol=1e-5, rtol=1e-4)
-            assert q.score == pytest.approx(float(run[:n].sum()), rel=1e-4)
+    lengths = assert_cut_by_rule(every, cut, running, confidence, t, atol=1e-5, rtol=1e-4)
     assert len(set(lengths)) > 1  # the rule cut some rows, not all
     with pytest.raises(Exception, match="draft_min_token_prob"):
         DraftLMSettings(draft_min_token_prob=-0.1)

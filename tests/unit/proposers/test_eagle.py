@@ -11,7 +11,7 @@ from spec_decode.draft_vocab import DraftVocab
 from spec_decode.proposers import EagleHead, EagleProposer, EagleSettings, ProposalRequest
 from spec_decode.proposers.eagle import resolve_eagle_path, unrolled_outputs
 from spec_decode.sampling import SamplingParams
-from tests.helpers import save_tiny_eagle, tiny_eagle_config
+from tests.helpers import assert_cut_by_rule, confidence_rule, save_tiny_eagle, tiny_eagle_config
 
 KEPT = list(range(0, 97, 2))  # 49 of the tiny target's 97 tokens
 
@@ -151,23 +151,10 @@ def test_a_step_drafts_while_its_confidence_holds_and_scores_its_drafts(eagle_di
     reqs = [ProposalRequest(i, [4, 8], 3, SamplingParams() if i % 2 else SamplingParams(temperature=1.0, seed=i), 0,
                             hidden[i : i + 1]) for i in range(40)]
     every = EagleProposer.from_config(_settings(eagle_dir), {}).propose(reqs)
-    running, confidence = [], []
-    for p in every:
-        chosen = p.draft_probs[torch.arange(len(p.draft_token_ids)), p.draft_token_ids].double()
-        running.append(torch.cumprod(chosen, 0))
-        confidence.append(torch.cat([torch.ones(1, dtype=torch.float64), running[-1][:-1]])
-                          * p.draft_probs.double().max(-1).values)
-        assert p.score == pytest.approx(float(running[-1].sum()), rel=1e-5)
+    running, confidence = confidence_rule(every)
     t = float(torch.stack([c[0] for c in confidence]).median())  # about half the rows draft nothing
     cut = EagleProposer.from_config(_settings(eagle_dir, t), {}).propose(reqs)
-    lengths = []
-    for p, q, run, conf in zip(every, cut, running, confidence):
-        n = int((conf >= t).cumprod(0).sum())
-        lengths.append(n)
-        assert q.draft_token_ids.tolist() == p.draft_token_ids[:n].tolist()
-        if n:
-            torch.testing.assert_close(q.draft_probs, p.draft_probs[:n])
-            assert q.score == pytest.approx(float(run[:n].sum()), rel=1e-5)
+    lengths = assert_cut_by_rule(every, cut, running, confidence, t)
     assert 0 in lengths and max(lengths) > 0  # the rule cut some rows, not all
     with pytest.raises(Exception, match="eagle_min_token_prob"):
         EagleSettings(eagle_min_token_prob=1.5)
