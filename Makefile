@@ -2,7 +2,8 @@
 # make draft  - distil the draft LM from the target on the standard library's code and HumanEval's training tasks
 #               (cached under ~/.cache/spec_decode; served when present; see README "Trained proposers")
 # make speculator - train the EAGLE head (speculative_method=eagle) on the same data from the target's hidden states
-#               (cached under ~/.cache/spec_decode; served when present); each tool within 15 minutes on 2 cores
+#               (cached under ~/.cache/spec_decode; served when present); each tool within 15 minutes on 2 cores;
+#               both do nothing when their folder exists (retrain: python -m spec_decode.train_speculator --fresh)
 # make test   - set everything up (first time) and run the test suite (unit + integration against a real tritonserver)
 # make bench  - the serving suite (perf_analyzer and genai-perf at concurrency 1-8 per method, disable_by_batch_size,
 #               in-process transformers generate / prompt lookup / assisted generation; JSON + PNG + goals), a repeated
@@ -34,10 +35,10 @@ serve: $(STAMP)
 	$(PY) -m spec_decode.server
 
 draft: $(STAMP)
-	$(PY) -m spec_decode.train_draft
+	$(PY) -m spec_decode.train_draft --if-missing
 
 speculator: $(STAMP)
-	$(PY) -m spec_decode.train_speculator
+	$(PY) -m spec_decode.train_speculator --if-missing
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -137,6 +137,24 @@ def draft_overrides(draft_model_path: str) -> dict[str, dict[str, str]]:
     }
 
 
+def served_methods(repo: Path) -> str:
+    """The ``speculative_method`` values the repository ``repo`` offers its clients, comma-separated, as generate
+    computes them from draft_model's and its own config parameters (for the launcher's banner; "?" when the configs
+    cannot be read)."""
+    from .proposers import offered_methods
+    from .serving.adapter import sibling_parameters
+
+    own = {"model_repository": str(repo / "generate")}
+    draft, gen = sibling_parameters(own, "draft_model"), sibling_parameters(own, "generate")
+    if draft is None or gen is None:
+        return "?"
+    forced = gen.get("draft_model_available", "auto")
+    try:
+        return ", ".join(offered_methods(draft, None if forced == "auto" else forced == "true"))
+    except ValueError as e:
+        return f"? ({e})"
+
+
 def _rss_bytes(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -422,6 +440,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
     ap.add_argument("--draft-model", default=os.environ.get("DRAFT_MODEL", ""),
                     help="draft LM folder (or 'default' for the target itself) to enable speculative_method=draft")
+    ap.add_argument("--eagle-head", default=os.environ.get("EAGLE_HEAD", ""),
+                    help="EAGLE head folder (make speculator --output) to serve as speculative_method=eagle in place "
+                         "of the default one")
     ap.add_argument("--log-verbose", type=int, default=0)
     ap.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"),
                     help="address to listen on (0.0.0.0 in a container)")
@@ -433,7 +454,9 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _terminate)
-    overrides = draft_overrides(args.draft_model) if args.draft_model else None
+    overrides = draft_overrides(args.draft_model) if args.draft_model else {}
+    if args.eagle_head:
+        overrides.setdefault("draft_model", {})["eagle_path"] = args.eagle_head
     repo = prepare_repository(overrides, args.model_repository)
     server = TritonServer(repo, args.http_port, args.grpc_port, args.metrics_port, log_verbose=args.log_verbose,
                           host=args.host)
@@ -448,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(
             f"\nAll models READY.\n  HTTP    http://{server.http_url}\n  gRPC    {server.grpc_url}\n"
-            f"  metrics http://{server.metrics_url}/metrics\n\nTry:\n"
+            f"  metrics http://{server.metrics_url}/metrics\n  speculative_method: {served_methods(repo)}\n\nTry:\n"
             f"  .venv/bin/python -m client.generate --url {server.grpc_url} --humaneval 1 --max-tokens 128\n",
             flush=True,
         )

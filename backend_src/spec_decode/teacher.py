@@ -13,6 +13,7 @@ matrices natively (AMX, AVX-512 BF16) the pass over the training corpus runs the
 
 from __future__ import annotations
 
+import argparse
 import copy
 import hashlib
 import json
@@ -302,6 +303,26 @@ def start_run(output: Path | None, default_output: Path, target: str, seed: int,
                        teacher_cache or cache_dir() / "teacher")
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` of ``make draft``/``make speculator``: each option's default, except unset ones (None, False)."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default in (None, False) else super()._get_help_string(action)
+
+
+def publish(tmp: Path, out: Path) -> None:
+    """Move the finished folder ``tmp`` to ``out``, replacing an older one: the old folder is first renamed aside
+    (``<out>.old``), so ``out`` is never half-written (only missing between two renames), and removed last."""
+    old = out.with_name(out.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    if old.exists():
+        shutil.rmtree(old)
+
+
 def add_data_arguments(ap) -> None:
     """The command-line options ``make draft`` and ``make speculator`` share (the target, the corpus, the teacher,
     the held-out evaluation, the seed), added to the ``argparse.ArgumentParser`` ``ap``."""
@@ -318,5 +339,5 @@ def add_data_arguments(ap) -> None:
                          "natively)")
     ap.add_argument("--eval-prompts", type=int, default=10, help="held-out HumanEval tasks continued for evaluation")
     ap.add_argument("--eval-tokens", type=int, default=128, help="target continuation length per held-out task")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the corpus order, the batches and the init")
     ap.add_argument("--fresh", action="store_true", help="ignore the work folder's checkpoint")

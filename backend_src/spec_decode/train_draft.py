@@ -232,20 +232,21 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     from .model_loading import default_draft_dir, default_draft_ready
-    from .teacher import add_data_arguments, start_run, target_logits, training_data
+    from .teacher import HelpFormatter, add_data_arguments, publish, start_run, target_logits, training_data
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=HelpFormatter)
     add_data_arguments(ap)
     ap.add_argument("--output", type=Path, default=None, help="draft folder (default: the cache's default draft)")
-    ap.add_argument("--layers", type=int, default=3, help="decoder layers kept from the target (default 3)")
+    ap.add_argument("--layers", type=int, default=3, help="decoder layers kept from the target")
     ap.add_argument("--corpus-seq-len", type=int, default=512, help="longest corpus window (as make speculator's)")
     ap.add_argument("--draft-vocab", type=int, default=8192,
                     help="keep the N most frequent tokens in the draft's vocabulary (0 = the target's full vocabulary)")
-    ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=400, help="optimizer steps")
+    ap.add_argument("--batch-size", type=int, default=4, help="sequences per step")
     ap.add_argument("--seq-len", type=int, default=256, help="training window")
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--checkpoint-every", type=int, default=50)
+    ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW, cosine)")
+    ap.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints")
     ap.add_argument("--if-missing", action="store_true", help="do nothing when the default draft already exists")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -341,9 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             "loss_last": sum(losses[-10:]) / max(1, len(losses[-10:])), "losses": losses, "eval": report,
             "minutes": (time.perf_counter() - t_start) / 60}
     (tmp / "train_draft.json").write_text(json.dumps(info, indent=2))
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+    publish(tmp, out)
     logger.info("draft ready at %s: KL %.3f -> %.3f, held-out top-1 agreement %.3f, per-position acceptance %s",
                 out, info["loss_first"] or float("nan"), info["loss_last"], report["top1_agreement"],
                 ", ".join(f"{a:.2f}" for a in report["acceptance_per_position"]))

@@ -152,22 +152,23 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     from .proposers.eagle import REPORT_FILE, EagleHead, EagleProposer, EagleSettings, default_eagle_dir, eagle_config
-    from .teacher import add_data_arguments, start_run, training_data
+    from .teacher import HelpFormatter, add_data_arguments, publish, start_run, training_data
     from .train_draft import choose_vocabulary
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=HelpFormatter)
     add_data_arguments(ap)
     ap.add_argument("--output", type=Path, default=None, help="head folder (default: the cache's default)")
     ap.add_argument("--corpus-seq-len", type=int, default=512, help="longest corpus window (as make draft's)")
     ap.add_argument("--draft-vocab", type=int, default=8192, help="kept tokens of the embedding and LM head")
     ap.add_argument("--seq-len", type=int, default=256, help="pairs per training window")
     ap.add_argument("--depth", type=int, default=3, help="draft positions unrolled in training (>= 1)")
-    ap.add_argument("--steps", type=int, default=380)
+    ap.add_argument("--steps", type=int, default=380, help="optimizer steps")
     ap.add_argument("--batch-size", type=int, default=12, help="windows per step")
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW, cosine)")
     ap.add_argument("--feature-weight", type=float, default=0.1,
                     help="weight of the hidden-state regression beside the KL (EAGLE's L_reg)")
-    ap.add_argument("--checkpoint-every", type=int, default=50)
+    ap.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints")
     ap.add_argument("--if-missing", action="store_true", help="do nothing when the default head exists")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -255,9 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             "loss_last_per_depth": [sum(p[d] for p in last) / max(1, len(last)) for d in range(args.depth)],
             "losses": losses, "eval": report, "minutes": (time.perf_counter() - t_start) / 60}
     (tmp / REPORT_FILE).write_text(json.dumps(info, indent=2))
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+    publish(tmp, out)
     every = report["every_slot"]
     logger.info("EAGLE head ready at %s: KL %.3f -> %.3f; held-out, drafting every slot of 4: %.2f tokens per step, "
                 "acceptance per position %s; at min_token_prob %.2f: %.2f tokens per step, acceptance rate %.2f; "

@@ -4,7 +4,7 @@ targets its LM head reads from them; the disk cache resumes and serves both tool
 import pytest
 import torch
 
-from spec_decode.teacher import cached_teacher, target_logits, teacher_dtype, teacher_pass
+from spec_decode.teacher import HelpFormatter, cached_teacher, publish, target_logits, teacher_dtype, teacher_pass
 
 
 def test_teacher_pass_equals_the_model_s_forward_at_every_position(tiny_lm):
@@ -53,3 +53,29 @@ def test_teacher_dtype_names():
     assert teacher_dtype("auto") in (torch.float32, torch.bfloat16)
     with pytest.raises(ValueError, match="auto, float32 or bfloat16"):
         teacher_dtype("float16")
+
+
+def test_publish_replaces_the_folder_whole_and_leaves_nothing_aside(tmp_path):
+    out, tmp = tmp_path / "head", tmp_path / "head.tmp"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    tmp.mkdir()
+    (tmp / "new.txt").write_text("new")
+    publish(tmp, out)
+    assert sorted(p.name for p in out.iterdir()) == ["new.txt"] and sorted(p.name for p in tmp_path.iterdir()) == [
+        "head"]
+    (tmp_path / "again").mkdir()
+    publish(tmp_path / "again", tmp_path / "fresh")  # no older folder
+    assert (tmp_path / "fresh").is_dir() and not (tmp_path / "again").exists()
+
+
+def test_help_shows_the_defaults_of_set_options_only():
+    import argparse
+
+    ap = argparse.ArgumentParser(formatter_class=HelpFormatter)
+    ap.add_argument("--steps", type=int, default=380, help="optimizer steps")
+    ap.add_argument("--output", default=None, help="head folder")
+    ap.add_argument("--fresh", action="store_true", help="start over")
+    text = " ".join(ap.format_help().split())
+    assert "optimizer steps (default: 380)" in text and "head folder --fresh" in text and "start over" in text
+    assert text.count("(default:") == 1
