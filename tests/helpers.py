@@ -15,9 +15,9 @@ def step_row(seq, ids, drafts=(), **kw) -> dict:
 
 def tiny_eagle_config() -> dict:
     """The sizes of an EAGLE head over the tiny test Llama (conftest ``tiny_lm``: hidden 32, 4 heads, 2 of them
-    key/value heads)."""
+    key/value heads, 1,024 positions)."""
     return {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 64,
-            "rope_theta": 10000.0, "rms_norm_eps": 1e-6}
+            "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 1024}
 
 
 def save_tiny_eagle(tiny_lm, folder, kept=tuple(range(0, 97, 2)), seed: int = 0):

@@ -117,6 +117,11 @@ class EagleHead(nn.Module):
         self.down_proj = nn.Linear(inter, h, bias=False)
 
     @property
+    def max_positions(self) -> int:
+        """The target's ``max_position_embeddings`` (0: no bound known, as heads saved before it was recorded)."""
+        return int(self.config.get("max_position_embeddings", 0) or 0)
+
+    @property
     def hidden_size(self) -> int:
         """H, the target's hidden size."""
         return self.embedding.shape[1]
@@ -257,14 +262,16 @@ def unrolled_outputs(model: EagleHead, features: torch.Tensor, tokens: torch.Ten
 
 
 def eagle_config(target_config) -> dict:
-    """The head's sizes from the target's transformers config (a Llama-style model)."""
+    """The head's sizes from the target's transformers config (a Llama-style model); ``max_position_embeddings``
+    (0: no bound known) bounds the sequences it drafts for, as the target's bounds what it scores."""
     c = target_config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     rope = getattr(c, "rope_parameters", None) or {}
     theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
     return {"num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
             "head_dim": head_dim, "intermediate_size": c.intermediate_size, "rope_theta": float(theta),
-            "rms_norm_eps": float(c.rms_norm_eps)}
+            "rms_norm_eps": float(c.rms_norm_eps),
+            "max_position_embeddings": int(getattr(c, "max_position_embeddings", 0) or 0)}
 
 
 # --- serving: the proposer -------------------------------------------------------------------------------------------
@@ -405,12 +412,17 @@ class EagleProposer(Proposer):
                    settings.eagle_min_token_prob, settings.max_sequences)
 
     def check(self, request: ProposalRequest) -> None:
-        """A request's hidden states must be [m, H] with H the target's hidden size, m below the number of committed
-        ids (they are the states of the positions before the last one), and finite.
+        """A request's ids plus its k drafts must fit in the target's positions; its hidden states must be [m, H] with
+        H the target's hidden size, m below the number of committed ids (they are the states of the positions before
+        the last one), and finite.
 
         Raises:
-            InvalidInputError: naming ``context_hidden_states``.
+            InvalidInputError: naming ``token_ids`` or ``context_hidden_states``.
         """
+        limit = self.model.max_positions
+        if limit and len(request.token_ids) + request.k > limit:
+            raise InvalidInputError("token_ids", f"{len(request.token_ids)} tokens and {request.k} drafts; the target "
+                                    f"(and its EAGLE head) takes at most {limit} positions")
         h = request.hidden_states
         if h is None or not len(h):
             return
