@@ -109,10 +109,10 @@ def native_bfloat16(device: torch.device | None = None) -> bool:
     return any(getattr(torch.cpu, f, lambda: False)() for f in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"))
 
 
-def teacher_dtype(name: str = "auto") -> torch.dtype:
-    """The dtype of the target's pass over the training corpus: ``float32``, ``bfloat16``, or ``auto`` (bfloat16 where
-    :func:`native_bfloat16`, on CUDA or the CPU: ~3x the tokens per second of float32 on this project's 2-core
-    machines; float32 elsewhere).
+def teacher_dtype(name: str = "auto", device: torch.device | None = None) -> torch.dtype:
+    """The dtype of the target's pass over the training corpus on ``device`` (default: the CPU, where the tools run
+    it): ``float32``, ``bfloat16``, or ``auto`` (bfloat16 where :func:`native_bfloat16`: ~3x the tokens per second of
+    float32 on this project's 2-core machines; float32 elsewhere).
 
     Raises:
         ValueError: another name.
@@ -120,7 +120,7 @@ def teacher_dtype(name: str = "auto") -> torch.dtype:
     if name not in ("auto", "float32", "bfloat16"):
         raise ValueError(f"teacher dtype must be auto, float32 or bfloat16, got {name!r}")
     if name == "auto":
-        return torch.bfloat16 if torch.cuda.is_available() or native_bfloat16() else torch.float32
+        return torch.bfloat16 if native_bfloat16(device) else torch.float32
     return getattr(torch, name)
 
 
@@ -247,7 +247,7 @@ def training_data(target, target_dir: Path, tok, cache: Path, *, stdlib_tokens: 
     corpus = training_corpus(tok, stdlib_tokens, seq_len, seed, humaneval_tasks)
     logger.info("  %d sequences, %d tokens, %d standard-library files", len(corpus.sequences), corpus.tokens,
                 len(corpus.files))
-    corpus_dtype = teacher_dtype(dtype)
+    corpus_dtype = teacher_dtype(dtype, next(target.parameters()).device)
     logger.info("phase 2/%d: the target's hidden states (%s)", phases, str(corpus_dtype).removeprefix("torch."))
     same = corpus_dtype == next(target.parameters()).dtype
     teacher_model = target if same else copy.deepcopy(target).to(corpus_dtype)

@@ -51,6 +51,7 @@ def test_the_cache_resumes(tiny_lm, tmp_path):
 def test_teacher_dtype_names():
     assert teacher_dtype("float32") == torch.float32 and teacher_dtype("bfloat16") == torch.bfloat16
     assert teacher_dtype("auto") in (torch.float32, torch.bfloat16)
+    assert teacher_dtype("auto", torch.device("cuda")) == torch.bfloat16  # the device the pass runs on decides
     with pytest.raises(ValueError, match="auto, float32 or bfloat16"):
         teacher_dtype("float16")
 
