@@ -23,10 +23,10 @@ matrix and, memory-bound on a CPU, most of its cost); ``draft_vocab.json`` maps 
 rejection sampling stays exact (the draft's probability is zero outside the set; vLLM/EAGLE-3 use the same idea).
 
 The result is an ordinary Hugging Face folder (config.json, model.safetensors, tokenizer files) plus
-``draft_vocab.json`` and ``train_draft.json`` (settings, corpus, loss curve, evaluation), written atomically to
-``--output`` (default ``$SPEC_DECODE_CACHE/models/SmolLM2-135M-Instruct-draft``, outside the repository). About 7
-minutes on 2 CPU cores with the defaults (the teacher's pass ~3, skipped when ``make speculator`` made it;
-distillation and evaluation ~3.7).
+``draft_vocab.json`` and ``train_draft.json`` (settings, corpus, loss curve, evaluation), written whole under a
+temporary name, then renamed into place (:func:`spec_decode.teacher.publish`) at ``--output`` (default
+``$SPEC_DECODE_CACHE/models/SmolLM2-135M-Instruct-draft``, outside the repository). About 7 minutes on 2 CPU cores with
+the defaults (the teacher's pass ~3, skipped when ``make speculator`` made it; distillation and evaluation ~3.7).
 """
 
 from __future__ import annotations

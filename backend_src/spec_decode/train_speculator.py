@@ -20,9 +20,10 @@ own last hidden states. It learns the target's predictions, teacher-forced, over
    serving proposer stepped as live greedy decoding steps it (:func:`evaluate`): tokens per step and acceptance per
    draft position with k = 4 drafting every slot, and at the served confidence threshold.
 
-The folder (``--output``, default ``$SPEC_DECODE_CACHE/models/SmolLM2-135M-Instruct-eagle``) is written atomically
-with ``train_speculator.json`` (settings, corpus, loss curve, evaluation, minutes). About 11 minutes on 2 CPU cores
-with the defaults: the teacher's forward passes ~3, training ~8.
+The folder (``--output``, default ``$SPEC_DECODE_CACHE/models/SmolLM2-135M-Instruct-eagle``) is written whole under a
+temporary name, then renamed into place (:func:`spec_decode.teacher.publish`), with ``train_speculator.json`` (settings,
+corpus, loss curve, evaluation, minutes). About 11 minutes on 2 CPU cores with the defaults: the teacher's forward
+passes ~3, training ~8.
 """
 
 from __future__ import annotations
