@@ -21,10 +21,10 @@ RUN pip install --no-cache-dir --no-deps .
 
 # Convert the embedded default target to safetensors at build time, so the container starts without dequantising.
 ENV SPEC_DECODE_CACHE=/opt/spec_decode/cache
-RUN python3 -c "from spec_decode.model_loading import prepare_default_model; prepare_default_model()"
+RUN python3 -c "from spec_decode.engine.model_loading import prepare_default_model; prepare_default_model()"
 
 EXPOSE 8000 8001 8002
 # On the GPU the models pick device=auto (cuda) and dtype=auto (bfloat16) from their config.pbtxt.
 # The launcher starts tritonserver (the image's, on PATH) and brings back a model process that dies (README:
 # Deployment); it exits non-zero if tritonserver itself dies.
-CMD ["python3", "-m", "spec_decode.server", "--host", "0.0.0.0", "--model-repository", "/opt/spec_decode/model_repository"]
+CMD ["python3", "-m", "spec_decode.launcher", "--host", "0.0.0.0", "--model-repository", "/opt/spec_decode/model_repository"]

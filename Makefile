@@ -3,8 +3,10 @@
 #               (cached under ~/.cache/spec_decode; served when present; see README "Trained proposers")
 # make speculator - train the EAGLE head (speculative_method=eagle) on the same data from the target's hidden states
 #               (cached under ~/.cache/spec_decode; served when present); each tool within 15 minutes on 2 cores;
-#               both do nothing when their folder exists (retrain: python -m spec_decode.train_speculator --fresh)
-# make test   - set everything up (first time) and run the test suite (unit + integration against a real tritonserver)
+#               both do nothing when their folder exists (retrain: python -m spec_decode.training.speculator --fresh)
+# make test   - set everything up (first time), lint, and run the test suite (unit + integration against a real
+#               tritonserver)
+# make test-unit - the unit tests alone (no tritonserver; a few minutes); make lint - ruff and mypy alone
 # make bench  - the serving suite (perf_analyzer and genai-perf at concurrency 1-8 per method, disable_by_batch_size,
 #               in-process transformers generate / prompt lookup / assisted generation; JSON + PNG + goals), a repeated
 #               HumanEval workload (two passes) through a fresh server per method with the speed goals, the forward
@@ -21,7 +23,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 export HTTP_PORT GRPC_PORT METRICS_PORT
 
-.PHONY: setup serve draft speculator test bench bench-serving bench-verifier gpu-check client clean
+.PHONY: setup serve draft speculator lint test test-unit bench bench-serving bench-verifier gpu-check client clean
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml scripts/setup.sh scripts/build_suffix_tree.sh
 	bash scripts/setup.sh
@@ -32,17 +34,24 @@ setup: $(STAMP)
 # Serving trains nothing: the draft LM is built by `make draft` and served when it exists; without it the server
 # serves the model-free proposers (ngram, suffix, hybrid over n-gram).
 serve: $(STAMP)
-	$(PY) -m spec_decode.server
+	$(PY) -m spec_decode.launcher
 
 draft: $(STAMP)
-	$(PY) -m spec_decode.train_draft --if-missing
+	$(PY) -m spec_decode.training.draft --if-missing
 
 speculator: $(STAMP)
-	$(PY) -m spec_decode.train_speculator --if-missing
+	$(PY) -m spec_decode.training.speculator --if-missing
 
-test: $(STAMP)
+# ruff (lint and import order) and mypy (types, basic mode) over the package; settings in pyproject.toml
+lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: lint
 	$(PY) -m pytest tests -v --timeout=900
+
+test-unit: lint
+	$(PY) -m pytest tests/unit -v --timeout=900
 
 bench: $(STAMP)
 	bash scripts/setup_bench.sh

@@ -2,7 +2,7 @@
 
 For each proposer (ngram, suffix, and draft when ``--draft`` names a draft model folder), HumanEval prompts are decoded
 greedily in process (:class:`spec_decode.in_process.LocalStep`, the same proposer/scorer/verifier objects the server
-runs) with a fixed k and with the heuristic schedule (:class:`spec_decode.proposers.schedule.HeuristicK`: k += 2 after a
+runs) with a fixed k and with the heuristic schedule (:class:`spec_decode.schedule.HeuristicK`: k += 2 after a
 fully accepted step, k -= 1 after a rejection). Fixed and adaptive runs alternate prompt by prompt, so machine noise
 hits both alike. Prints tokens/s, tokens per step and acceptance, saves JSON.
 
@@ -24,14 +24,14 @@ def main(argv: list[str] | None = None) -> int:
     """Run the comparison; returns 0."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from client.datasets import humaneval_prompts
+    from spec_decode.engine.kv_cache import CachedCausalLM
+    from spec_decode.engine.model_loading import load_causal_lm, load_tokenizer, prepare_default_model
+    from spec_decode.engine.scorer import TargetScorer
     from spec_decode.generation import Generation
     from spec_decode.in_process import LocalStep, run_local
-    from spec_decode.kv_cache import CachedCausalLM
-    from spec_decode.model_loading import load_causal_lm, load_tokenizer, prepare_default_model
     from spec_decode.proposers import DraftModelProposer, NgramProposer, SuffixProposer, SuffixSettings
-    from spec_decode.proposers.schedule import ConstantK, HeuristicK
     from spec_decode.request import GenerationRequest
-    from spec_decode.scorer import TargetScorer
+    from spec_decode.schedule import ConstantK, HeuristicK
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=10)

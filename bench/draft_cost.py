@@ -1,10 +1,11 @@
 """Draft cost against target cost, per token, in one process (the ``c`` of Leviathan et al. 2023's
 speed-up (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1))).
 
-Times, with the KV caches the server uses (:class:`spec_decode.kv_cache.CachedCausalLM`) on held-out HumanEval
+Times, with the KV caches the server uses (:class:`spec_decode.engine.kv_cache.CachedCausalLM`) on held-out HumanEval
 prompts: one decode token of the draft, one decode token of the target, a whole draft proposal of k tokens
 (:class:`spec_decode.proposers.DraftModelProposer`, including its softmax) and the target's scoring of k + 1
-positions (:class:`spec_decode.scorer.TargetScorer`). Target and draft calls alternate so machine noise hits both.
+positions (:class:`spec_decode.engine.scorer.TargetScorer`). Target and draft calls alternate so machine noise hits
+both.
 Prints medians and ratios; saves JSON.
 
 Usage: python bench/draft_cost.py [--draft PATH] [--k 4] [--repeats 30]
@@ -26,18 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     """Measure and print the cost ratios; returns 0 (also when no draft exists: nothing to measure)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from client.datasets import humaneval_prompts
-    from spec_decode.draft_vocab import load_draft_vocab
-    from spec_decode.kv_cache import CachedCausalLM
-    from spec_decode.model_loading import (
-        default_draft_dir,
-        default_draft_ready,
-        load_causal_lm,
-        load_tokenizer,
-        prepare_default_model,
-    )
+    from spec_decode.engine.draft_vocab import load_draft_vocab
+    from spec_decode.engine.kv_cache import CachedCausalLM
+    from spec_decode.engine.model_loading import load_causal_lm, load_tokenizer, prepare_default_model
+    from spec_decode.engine.scorer import TargetScorer
     from spec_decode.proposers import DraftModelProposer
+    from spec_decode.proposers.draft_lm import default_draft_dir, default_draft_ready
     from spec_decode.sampling import SamplingParams
-    from spec_decode.scorer import TargetScorer
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--draft", default=None, help="draft folder (default: the distilled default draft)")

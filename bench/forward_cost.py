@@ -10,8 +10,8 @@ measured side by side):
    shape: the target's first 3 layers over an 8,192-token vocabulary, untrained; timing does not depend on weights), on
    300- and 1,500-token caches, for 1, 2, 3, 5, 9 and 17 new positions:
    - ``transformers``: the model as transformers runs it (``nn.Linear``, a DynamicCache cropped back after each call);
-   - ``engine``: what the server runs, :class:`spec_decode.kv_cache.CachedCausalLM` (per-sequence KV buffers written
-     in place), through ``logits`` with the cached prefix.
+   - ``engine``: what the server runs, :class:`spec_decode.engine.kv_cache.CachedCausalLM` (per-sequence KV buffers
+     written in place), through ``logits`` with the cached prefix.
    Each as milliseconds (median), ratio to one position of the same variant, and ratio to the roofline (the bytes of
    the weights a forward reads, at the measured bandwidth).
 3. Batched rounds (engine, target): B = 1, 2, 4, 8 sequences on 300-token caches, each scoring k+1 = 1, 2, 3, 5, 9
@@ -72,9 +72,9 @@ def weight_bytes(model) -> int:
 
 def draft_model(target, draft_dir: Path | None):
     """The distilled draft (``draft_dir``), else the target's first 3 layers over an 8,192-token vocabulary."""
-    from spec_decode.draft_vocab import DraftVocab
-    from spec_decode.model_loading import load_causal_lm
-    from spec_decode.train_draft import prune_vocabulary, truncated_copy
+    from spec_decode.engine.draft_vocab import DraftVocab
+    from spec_decode.engine.model_loading import load_causal_lm
+    from spec_decode.engine.surgery import prune_vocabulary, truncated_copy
 
     if draft_dir is not None:
         return load_causal_lm(draft_dir, torch.device("cpu"), torch.float32), "distilled draft"
@@ -90,7 +90,7 @@ class _Transformers:
     def __init__(self, model, prompts: dict[int, list[int]]):
         from transformers import DynamicCache
 
-        from spec_decode.kv_cache import cache_keyword
+        from spec_decode.engine.kv_cache import cache_keyword
 
         self.model, self.caches, self.kw = model, {}, cache_keyword(model)
         with torch.inference_mode():
@@ -151,8 +151,9 @@ def time_batched(lm, prompts: list[list[int]], vocab: int, repeats: int, gen: to
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print the tables and goals; save JSON."""
-    from spec_decode.kv_cache import CachedCausalLM
-    from spec_decode.model_loading import default_draft_dir, default_draft_ready, load_causal_lm, prepare_default_model
+    from spec_decode.engine.kv_cache import CachedCausalLM
+    from spec_decode.engine.model_loading import load_causal_lm, prepare_default_model
+    from spec_decode.proposers.draft_lm import default_draft_dir, default_draft_ready
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=9, help="timed forwards per configuration (median; default 9)")

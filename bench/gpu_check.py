@@ -80,9 +80,9 @@ sys.path.insert(0, str(ROOT / "backend_src"))
 
 import numpy as np  # noqa: E402
 
-from spec_decode.settings import TYPICAL_ALPHA, TYPICAL_EPSILON  # noqa: E402
 from spec_decode.verifier import rejection_sample, typical_acceptance_sample  # noqa: E402
 from spec_decode.verifier.kernels import rejection_triton, typical_triton  # noqa: E402
+from spec_decode.verifier.rejection import TYPICAL_ALPHA, TYPICAL_EPSILON  # noqa: E402
 from spec_decode.verifier.torch_impl import rejection_torch, typical_torch  # noqa: E402
 
 CUDA = ARGS.device == "cuda"
@@ -413,9 +413,9 @@ def build_models(folder: Path) -> dict:
     over half of its vocabulary (as ``make speculator`` saves one)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from spec_decode.draft_vocab import DraftVocab
+    from spec_decode.engine.draft_vocab import DraftVocab
+    from spec_decode.engine.surgery import truncated_copy
     from spec_decode.proposers.eagle import EagleHead, eagle_config
-    from spec_decode.train_draft import truncated_copy
 
     torch.manual_seed(0)
     cfg = LlamaConfig(**LLAMA, max_position_embeddings=4096, tie_word_embeddings=False, bos_token_id=None,

@@ -1,6 +1,7 @@
 """Greedy agreement of the server's engine with transformers ``generate`` (``make bench``).
 
-The engine (:class:`spec_decode.kv_cache.CachedCausalLM`: its own KV buffers, an explicit 4D mask and position ids)
+The engine (:class:`spec_decode.engine.kv_cache.CachedCausalLM`: its own KV buffers, an explicit 4D mask and position
+ids)
 computes the same maths as transformers, but not necessarily in the same floating-point order, so logits can differ in
 the last bits; greedy decoding can then diverge where the top two logits are that close. For the held-out HumanEval
 prompts 0..N-1, up to M greedy tokens each, stopping at EOS (``min_new_tokens`` would make transformers mask EOS,
@@ -30,8 +31,8 @@ import torch  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison; print a table; save JSON."""
     from client.datasets import humaneval_prompts
-    from spec_decode.kv_cache import CachedCausalLM
-    from spec_decode.model_loading import load_causal_lm, load_tokenizer, prepare_default_model
+    from spec_decode.engine.kv_cache import CachedCausalLM
+    from spec_decode.engine.model_loading import load_causal_lm, load_tokenizer, prepare_default_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=20)

@@ -216,8 +216,8 @@ def full_vocab_draft(draft_dir: Path, target_vocab_size: int):
     """
     import torch
 
-    from spec_decode.draft_vocab import load_draft_vocab
-    from spec_decode.model_loading import load_causal_lm
+    from spec_decode.engine.draft_vocab import load_draft_vocab
+    from spec_decode.engine.model_loading import load_causal_lm
 
     model = load_causal_lm(draft_dir, torch.device("cpu"), torch.float32)
     vocab = load_draft_vocab(draft_dir)
@@ -242,7 +242,7 @@ def in_process_baselines(prompts: list[str], max_tokens: int, k: int, draft_dir:
     ignored as the server's ``ignore_eos``) on ``prompts``, one at a time; tokens/s = tokens / seconds."""
     import torch
 
-    from spec_decode.model_loading import load_causal_lm, load_tokenizer, prepare_default_model
+    from spec_decode.engine.model_loading import load_causal_lm, load_tokenizer, prepare_default_model
 
     path = prepare_default_model()
     tok = load_tokenizer(path)
@@ -373,8 +373,9 @@ def _print_rows(rows: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: run the suite, print the tables and goals, save JSON and PNGs."""
-    from spec_decode.model_loading import default_draft_dir, default_draft_ready, prepare_default_model
-    from spec_decode.server import TritonServer, draft_overrides, prepare_repository
+    from spec_decode.engine.model_loading import prepare_default_model
+    from spec_decode.launcher import TritonServer, draft_overrides, prepare_repository
+    from spec_decode.proposers.draft_lm import default_draft_dir, default_draft_ready
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--methods", default="none,ngram,suffix,draft",

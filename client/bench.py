@@ -76,7 +76,7 @@ def bench_transformers(prompts: list[str], max_tokens: int, k: int = 4) -> list[
     """
     import torch
 
-    from spec_decode.model_loading import load_causal_lm, load_tokenizer, prepare_default_model
+    from spec_decode.engine.model_loading import load_causal_lm, load_tokenizer, prepare_default_model
 
     path = prepare_default_model()
     tok = load_tokenizer(path)
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print the table, save JSON and the PNG plot."""
     import os
 
-    from spec_decode.server import TritonServer, draft_overrides, prepare_repository
+    from spec_decode.launcher import TritonServer, draft_overrides, prepare_repository
     from spec_decode.settings import GenerateSettings
 
     from .datasets import humaneval_prompts
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = humaneval_prompts(args.prompts)
     methods = args.methods.split(",")
     if not args.draft_model and not args.url:
-        from spec_decode.model_loading import default_draft_dir, default_draft_ready
+        from spec_decode.proposers.draft_lm import default_draft_dir, default_draft_ready
 
         if default_draft_ready():
             args.draft_model = str(default_draft_dir())

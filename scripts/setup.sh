@@ -29,8 +29,8 @@ bash scripts/build_suffix_tree.sh "$VENV/bin/python"
 echo ">> preparing the default target model and the embedded tritonserver"
 "$VENV/bin/python" - <<'PY'
 import shutil
-from spec_decode.model_loading import prepare_default_model
-from spec_decode.server import embedded_server_dir
+from spec_decode.engine.model_loading import prepare_default_model
+from spec_decode.launcher import embedded_server_dir
 print("   model:", prepare_default_model())
 if shutil.which("tritonserver"):
     print("   tritonserver on PATH:", shutil.which("tritonserver"))

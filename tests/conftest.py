@@ -17,11 +17,11 @@ def _no_machine_eagle_head(tmp_path_factory):
     """In this process ``eagle_path: auto`` finds no EAGLE head, whether or not ``make speculator`` has built one on
     this machine: a test that serves the head names its folder (servers started by tests are separate processes and
     still see the machine's)."""
-    from spec_decode.proposers import eagle
+    from spec_decode.proposers.eagle import artifacts
 
     missing = tmp_path_factory.mktemp("no-eagle") / "none"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(eagle, "default_eagle_dir", lambda: missing)
+        mp.setattr(artifacts, "default_eagle_dir", lambda: missing)
         yield
 
 
@@ -54,7 +54,7 @@ def teacher_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def real_model_dir():
     """Folder of the embedded default target (SmolLM2-135M-Instruct), converted once."""
-    from spec_decode.model_loading import prepare_default_model
+    from spec_decode.engine.model_loading import prepare_default_model
 
     return prepare_default_model()
 
@@ -62,7 +62,7 @@ def real_model_dir():
 @pytest.fixture(scope="session")
 def real_tokenizer(real_model_dir):
     """The embedded target's tokenizer."""
-    from spec_decode.model_loading import load_tokenizer
+    from spec_decode.engine.model_loading import load_tokenizer
 
     return load_tokenizer(real_model_dir)
 
@@ -70,7 +70,7 @@ def real_tokenizer(real_model_dir):
 @pytest.fixture(scope="session")
 def real_model(real_model_dir):
     """The embedded target model, float32 on CPU."""
-    from spec_decode.model_loading import load_causal_lm
+    from spec_decode.engine.model_loading import load_causal_lm
 
     return load_causal_lm(real_model_dir, torch.device("cpu"), torch.float32)
 
@@ -78,7 +78,7 @@ def real_model(real_model_dir):
 def _running_server(repo, log):
     """Generator for a fixture: a started, ready TritonServer on free ports; stopped afterwards, its log tail
     printed."""
-    from spec_decode.server import TritonServer
+    from spec_decode.launcher import TritonServer
 
     srv = TritonServer(repo, log_path=log)
     srv.start()
@@ -94,7 +94,7 @@ def _running_server(repo, log):
 def tiny_eagle(tmp_path_factory, teacher_cache, real_model_dir):
     """An EAGLE head of the embedded target, trained by the tool at a tiny size (seconds; it drafts little, which is
     all the tests need: the output must be the target's whatever the drafts)."""
-    from spec_decode.train_speculator import main
+    from spec_decode.training.speculator import main
 
     out = tmp_path_factory.mktemp("eagle") / "eagle"
     assert main(["--output", str(out), "--teacher-cache", str(teacher_cache), "--eval-prompts", "1", "--eval-tokens",
@@ -107,7 +107,7 @@ def tiny_eagle(tmp_path_factory, teacher_cache, real_model_dir):
 def server(tmp_path_factory, tiny_eagle):
     """A real tritonserver on free ports serving the repository; the target drafts for itself (method=draft), and a
     tiny EAGLE head serves method=eagle."""
-    from spec_decode.server import draft_overrides, prepare_repository
+    from spec_decode.launcher import draft_overrides, prepare_repository
 
     overrides = draft_overrides("default")
     overrides["draft_model"]["draft_min_token_prob"] = "0"  # the self-draft drafts every slot (all accepted)

@@ -25,7 +25,7 @@ def save_tiny_eagle(tiny_lm, folder, kept=tuple(range(0, 97, 2)), seed: int = 0)
     ``make speculator`` saves one; returns the folder."""
     import torch
 
-    from spec_decode.draft_vocab import DraftVocab
+    from spec_decode.engine.draft_vocab import DraftVocab
     from spec_decode.proposers import EagleHead
 
     torch.manual_seed(seed)

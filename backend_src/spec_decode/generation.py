@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 
 from tokenizers.decoders import DecodeStream
 
-from .proposers.registry import NO_SPECULATION
-from .proposers.schedule import ConstantK, KSchedule
-from .protocol import StepInputs, StepResult
+from .protocol import NO_SPECULATION, StepInputs, StepResult
 from .request import GenerationRequest
 from .sampling import SamplingParams
+from .schedule import ConstantK, KSchedule
 from .settings import InvalidInputError
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from .engine.scorer import TargetScorer
 from .generation import Chunk, Generation
 from .proposers import Proposal, Proposer
 from .protocol import StepInputs, StepResult
-from .scorer import TargetScorer
 from .verifier import Verifier
 
 

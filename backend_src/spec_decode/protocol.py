@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .proposers.registry import NO_SPECULATION
 from .sampling import SamplingParams
+
+NO_SPECULATION = "none"  # the speculative_method of plain decoding: no proposer, k = 0
 
 
 @dataclass

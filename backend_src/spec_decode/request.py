@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .proposers.registry import METHODS
 from .sampling import SamplingParams
+from .serving.wire import CLIENT, scalar
 from .settings import GenerateSettings, InvalidInputError, check_acceptance_method, decode_text, in_range, one_of
 
 MAX_STOP_WORDS = 64  # stop words are checked after every token: bounded so one request cannot slow every stream
@@ -29,8 +29,8 @@ class RequestLimits:
         vocab_size: the tokenizer's vocabulary size (``end_id`` must be below it), or None (not checked).
     """
 
-    settings: GenerateSettings = GenerateSettings()
-    methods: tuple[str, ...] = METHODS
+    settings: GenerateSettings
+    methods: tuple[str, ...]
     vocab_size: int | None = None
 
 
@@ -72,19 +72,6 @@ class GenerationRequest:
             check_acceptance_method("acceptance_method", self.acceptance_method)
 
 
-def _scalar(inputs: dict, name: str, kinds: str, what: str):
-    """The single element of an optional input (None when absent); ``kinds`` is numpy dtype kinds allowed."""
-    arr = inputs.get(name)
-    if arr is None:
-        return None
-    arr = np.asarray(arr)
-    if arr.size != 1:
-        raise InvalidInputError(name, f"expected one {what} value, got shape {list(arr.shape)}")
-    if arr.dtype.kind not in kinds:
-        raise InvalidInputError(name, f"expected {what}, got dtype {arr.dtype}")
-    return arr.reshape(-1)[0]
-
-
 def parse_request(inputs: dict[str, np.ndarray], limits: RequestLimits) -> GenerationRequest:
     """Validate the input tensors of one ``generate`` request.
 
@@ -100,7 +87,7 @@ def parse_request(inputs: dict[str, np.ndarray], limits: RequestLimits) -> Gener
     """
     settings = limits.settings
     max_len = settings.max_model_len
-    raw = _scalar(inputs, "text_input", "OSU", "string")
+    raw = scalar(inputs, "text_input", None, CLIENT)
     if raw is None:
         raise InvalidInputError("text_input", "required (STRING [1])")
     text = decode_text(raw, "text_input")
@@ -109,15 +96,14 @@ def parse_request(inputs: dict[str, np.ndarray], limits: RequestLimits) -> Gener
     if len(text) > max_len * CHARS_PER_TOKEN_LIMIT:  # cannot fit: refuse before tokenising it
         raise InvalidInputError("text_input", f"{len(text)} characters; at most {max_len * CHARS_PER_TOKEN_LIMIT} "
                                               f"(the prompt must fit in max_model_len={max_len} tokens)")
-    max_tokens = _scalar(inputs, "max_tokens", "iu", "integer")
+    max_tokens = scalar(inputs, "max_tokens", None, CLIENT)
     if max_tokens is None:
         raise InvalidInputError("max_tokens", "required (INT32 [1])")
     fields = {"text_input": text, "max_tokens": in_range("max_tokens", int(max_tokens), 1, max_len)}
 
-    for name, kinds, what, cast in (("temperature", "f", "FP32", float), ("top_p", "f", "FP32", float),
-                                    ("top_k", "iu", "integer", int), ("random_seed", "iu", "integer", int),
-                                    ("end_id", "iu", "integer", int), ("num_draft_tokens", "iu", "integer", int)):
-        v = _scalar(inputs, name, kinds, what)
+    for name, cast in (("temperature", float), ("top_p", float), ("top_k", int), ("random_seed", int),
+                       ("end_id", int), ("num_draft_tokens", int)):
+        v = scalar(inputs, name, None, CLIENT)
         if v is not None:
             fields[name] = cast(v)
     if "random_seed" in fields:
@@ -144,14 +130,14 @@ def parse_request(inputs: dict[str, np.ndarray], limits: RequestLimits) -> Gener
         fields["stop_words"] = tuple(words)
 
     for name in ("stream", "exclude_input_in_output", "return_log_probs", "ignore_eos"):
-        v = _scalar(inputs, name, "biu", "BOOL")
+        v = scalar(inputs, name, None, CLIENT)
         if v is not None:
             fields[name] = bool(v)
 
-    method = _scalar(inputs, "speculative_method", "OSU", "string")
+    method = scalar(inputs, "speculative_method", None, CLIENT)
     fields["speculative_method"] = one_of("speculative_method", settings.default_speculative_method if method is None
                                           else decode_text(method, "speculative_method"), limits.methods)
-    am = _scalar(inputs, "acceptance_method", "OSU", "string")
+    am = scalar(inputs, "acceptance_method", None, CLIENT)
     if am is not None:
         fields["acceptance_method"] = check_acceptance_method("acceptance_method", decode_text(am, "acceptance_method"))
     return GenerationRequest(**fields)

@@ -8,6 +8,7 @@ Randomness is a pure function of (request seed, step, purpose, position): see :f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
 
 import torch
 
@@ -51,6 +52,19 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         """True when temperature is 0 (argmax decoding)."""
         return self.temperature <= 0.0
+
+
+class NoisePurpose(IntEnum):
+    """What a draw of noise is for, mixed into its seed so that no two uses of one request's seed share noise.
+
+    The values are part of a seeded request's output: changing one changes the tokens it samples.
+    """
+
+    VERIFIER_UNIFORM = 1  # the rejection sampler's accept tests u_i ~ U[0, 1) (torch path)
+    VERIFIER_RACE = 2  # the rejection sampler's exponential race for the recovered or bonus token (torch path)
+    DRAFT_LM = 3  # the draft LM's sampled drafts
+    # 4 was the MLP speculator's, retired: left unused so that no seeded output of another purpose changes
+    EAGLE = 5  # the EAGLE head's sampled drafts
 
 
 def mix_seed(*parts: int) -> int:

@@ -19,13 +19,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
+from .schedule import K_SCHEDULES
+
 logger = logging.getLogger(__name__)
 
 ACCEPTANCE_METHODS = ("rejection", "typical")
-K_SCHEDULES = ("constant", "heuristic")  # spec_decode.proposers.schedule
-VERIFIER_BACKENDS = ("auto", "triton", "torch")  # spec_decode.verifier.rejection
-TYPICAL_EPSILON, TYPICAL_ALPHA = 0.09, 0.3  # typical acceptance's defaults (Medusa, vLLM)
-FLOAT32_MAX = 3.4028234663852886e38
 
 
 class InvalidInputError(ValueError):
@@ -73,22 +71,6 @@ def check_acceptance_method(field_name: str, value: str) -> str:
         InvalidInputError: naming ``field_name`` and the allowed values.
     """
     return one_of(field_name, value, ACCEPTANCE_METHODS, " (typical is not lossless)")
-
-
-def check_typical_parameters(posterior_threshold: float, posterior_alpha: float,
-                             names: tuple[str, str] = ("posterior_threshold", "posterior_alpha")) -> None:
-    """Typical acceptance's epsilon and delta: finite numbers in [0, 3.4e38] (they are used as float32 values).
-
-    Args:
-        posterior_threshold, posterior_alpha: the values to check. names: how the error names them.
-
-    Raises:
-        InvalidInputError: naming the parameter and the allowed range (negative, NaN, infinite, beyond float32, or
-            not a number).
-    """
-    for name, x in zip(names, (posterior_threshold, posterior_alpha)):
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or not 0 <= x <= FLOAT32_MAX:
-            raise InvalidInputError(name, f"allowed values are finite numbers in [0, {FLOAT32_MAX:.3g}], got {x!r}")
 
 
 def decode_text(value, field_name: str) -> str:
@@ -247,34 +229,6 @@ class DraftModelSettings(ConfigSettings):
 
     def check(self) -> None:
         in_range("max_num_draft_tokens", self.max_num_draft_tokens, 1)
-
-
-@dataclass(frozen=True)
-class VerifierSettings(ConfigSettings):
-    """The verifier's settings.
-
-    Attributes:
-        acceptance_method: the default when a request names none: ``rejection`` (lossless) or ``typical`` (Medusa's
-            typical acceptance: accepts more drafts, NOT lossless).
-        typical_epsilon: typical acceptance's posterior threshold (epsilon), finite, in [0, float32 max].
-        typical_alpha: typical acceptance's posterior alpha (delta), finite, in [0, float32 max].
-        backend: ``auto`` (Triton kernels for CUDA tensors, torch on CPU), ``triton``, ``torch``.
-        num_threads: torch CPU threads of the verifier process (0 = torch's default; its CPU work is small, so more
-            threads only spin against the target's forward on a small machine).
-    """
-
-    acceptance_method: str = "rejection"
-    typical_epsilon: float = TYPICAL_EPSILON
-    typical_alpha: float = TYPICAL_ALPHA
-    backend: str = "auto"
-    num_threads: int = 1
-
-    def check(self) -> None:
-        object.__setattr__(self, "acceptance_method", check_acceptance_method("acceptance_method",
-                                                                              self.acceptance_method))
-        check_typical_parameters(self.typical_epsilon, self.typical_alpha, ("typical_epsilon", "typical_alpha"))
-        self._choice("backend", VERIFIER_BACKENDS)
-        in_range("num_threads", self.num_threads, 0)
 
 
 @dataclass(frozen=True)

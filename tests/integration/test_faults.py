@@ -1,6 +1,7 @@
 """Faults against a real tritonserver: ``kill -9`` of each model's process during 4 concurrent streams.
 
-The server is started by :class:`spec_decode.server.TritonServer`, which heals (``spec_decode.healing``): a dead step
+The server is started by :class:`spec_decode.launcher.TritonServer`, which heals
+(``spec_decode.launcher.healer``): a dead step
 model is unloaded and loaded again, a dead ``generate`` restarts the whole server. Every stream in flight must end
 within 10 s, readiness must go not-ready and come back, a request after recovery must equal the target's own greedy
 output, and the running-sequences gauge must return to 0.
@@ -21,8 +22,8 @@ from tritonclient.utils import InferenceServerException
 
 from client.generate import stream_generate
 from client.metrics import value, wait_for
-from spec_decode.healing import stub_processes
-from spec_decode.server import DEFAULT_REPOSITORY, MODELS, TritonServer
+from spec_decode.launcher import DEFAULT_REPOSITORY, MODELS, TritonServer
+from spec_decode.launcher.healer import stub_processes
 
 STREAM_TOKENS = 400  # long enough to be in flight for the whole test of one kill
 RUNNING = "spec_decode_running_sequences"

@@ -183,7 +183,7 @@ def test_cancelled_stream_leaves_server_serving(server):
 
 def test_disable_by_batch_size_turns_speculation_off(tmp_path, greedy_references):
     """A server with disable_by_batch_size=1: every running request reaches the threshold, so no step drafts."""
-    from spec_decode.server import TritonServer, prepare_repository
+    from spec_decode.launcher import TritonServer, prepare_repository
 
     repo = prepare_repository({"generate": {"disable_by_batch_size": "1"}})
     with TritonServer(repo, log_path=tmp_path / "server.log") as srv:
@@ -202,12 +202,12 @@ def test_launcher_sigterm_stops_tritonserver(tmp_path):
     import sys
     import time
 
-    from spec_decode.server import free_ports
+    from spec_decode.launcher import free_ports
 
     ports = [str(p) for p in free_ports(3)]
     env = dict(os.environ, HTTP_PORT=ports[0], GRPC_PORT=ports[1], METRICS_PORT=ports[2])
     log = open(tmp_path / "launcher.log", "w")
-    launcher = subprocess.Popen([sys.executable, "-m", "spec_decode.server"], env=env, stdout=log, stderr=log)
+    launcher = subprocess.Popen([sys.executable, "-m", "spec_decode.launcher"], env=env, stdout=log, stderr=log)
     try:
         deadline = time.time() + 600
         while time.time() < deadline and "All models READY" not in (tmp_path / "launcher.log").read_text():
@@ -245,19 +245,19 @@ def test_a_bad_config_stops_the_launcher_naming_the_parameter(tmp_path, override
     import subprocess
     import sys
 
-    from spec_decode.server import free_ports, prepare_repository
+    from spec_decode.launcher import free_ports, prepare_repository
 
     repo = prepare_repository(overrides)
     ports = [str(p) for p in free_ports(3)]
     env = dict(os.environ, HTTP_PORT=ports[0], GRPC_PORT=ports[1], METRICS_PORT=ports[2])
     try:
-        done = subprocess.run([sys.executable, "-m", "spec_decode.server", "--model-repository", str(repo)], env=env,
+        done = subprocess.run([sys.executable, "-m", "spec_decode.launcher", "--model-repository", str(repo)], env=env,
                               capture_output=True, text=True, timeout=300)
     finally:
         subprocess.run(["pkill", "-f", "--", f"--http-port={ports[0]}"])
     assert done.returncode == 1, done.stderr[-2000:]
     assert named in done.stdout + done.stderr
-    assert "spec_decode.server: tritonserver exited" in done.stderr.splitlines()[-1]
+    assert "spec_decode.launcher: tritonserver exited" in done.stderr.splitlines()[-1]
 
 
 def test_launcher_exits_non_zero_and_says_why_when_tritonserver_dies(tmp_path):
@@ -269,13 +269,13 @@ def test_launcher_exits_non_zero_and_says_why_when_tritonserver_dies(tmp_path):
     import sys
     import time
 
-    from spec_decode.server import free_ports
+    from spec_decode.launcher import free_ports
 
     ports = [str(p) for p in free_ports(3)]
     env = dict(os.environ, HTTP_PORT=ports[0], GRPC_PORT=ports[1], METRICS_PORT=ports[2])
     log_path = tmp_path / "launcher.log"
     log = open(log_path, "w")
-    launcher = subprocess.Popen([sys.executable, "-m", "spec_decode.server"], env=env, stdout=log, stderr=log)
+    launcher = subprocess.Popen([sys.executable, "-m", "spec_decode.launcher"], env=env, stdout=log, stderr=log)
     try:
         deadline = time.time() + 600
         while time.time() < deadline and "All models READY" not in log_path.read_text():
@@ -284,8 +284,8 @@ def test_launcher_exits_non_zero_and_says_why_when_tritonserver_dies(tmp_path):
         server_pid = subprocess.run(["pgrep", "-f", "--", f"--http-port={ports[0]}"], capture_output=True,
                                     text=True).stdout.split()
         assert len(server_pid) == 1, server_pid
-        from spec_decode.healing import stub_processes
-        from spec_decode.server import DEFAULT_REPOSITORY
+        from spec_decode.launcher import DEFAULT_REPOSITORY
+        from spec_decode.launcher.healer import stub_processes
 
         stubs = stub_processes(int(server_pid[0]), DEFAULT_REPOSITORY)
         assert len(stubs) == 4, stubs

@@ -4,9 +4,9 @@
 import pytest
 
 from spec_decode.generation import Generation
-from spec_decode.proposers.schedule import HeuristicK
 from spec_decode.protocol import StepResult
 from spec_decode.request import GenerationRequest
+from spec_decode.schedule import HeuristicK
 from spec_decode.settings import InvalidInputError
 
 

@@ -2,13 +2,13 @@
 
 import torch
 
+from spec_decode.engine.kv_cache import CachedCausalLM
+from spec_decode.engine.scorer import TargetScorer
 from spec_decode.generation import Generation
 from spec_decode.in_process import LocalStep, run_local
-from spec_decode.kv_cache import CachedCausalLM
 from spec_decode.proposers import METHODS, DraftModelProposer, build_proposers
 from spec_decode.request import GenerationRequest
 from spec_decode.sampling import SamplingParams
-from spec_decode.scorer import TargetScorer
 from tests.helpers import save_tiny_eagle
 
 

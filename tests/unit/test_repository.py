@@ -3,7 +3,7 @@
 import subprocess
 from pathlib import Path
 
-from spec_decode.server import DEFAULT_REPOSITORY, MODELS
+from spec_decode.launcher import DEFAULT_REPOSITORY, MODELS
 
 
 def test_every_model_has_config_and_tracked_version_folder():

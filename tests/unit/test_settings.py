@@ -8,18 +8,18 @@ from pathlib import Path
 
 import pytest
 
+from spec_decode.launcher import DEFAULT_REPOSITORY
 from spec_decode.proposers.registry import PROPOSERS, config_parameters
-from spec_decode.server import DEFAULT_REPOSITORY
 from spec_decode.settings import (
     DraftModelSettings,
     GenerateSettings,
     InvalidInputError,
     TargetSettings,
-    VerifierSettings,
     in_range,
     one_of,
     warn_unknown_parameters,
 )
+from spec_decode.verifier import VerifierSettings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 _PARAM = re.compile(r'parameters: \{ key: "([^"]+)" value: \{ string_value: "([^"]*)" \} \}')

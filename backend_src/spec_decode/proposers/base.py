@@ -13,9 +13,9 @@ from typing import ClassVar
 
 import torch
 
-from ..sampling import SamplingParams, generator_for, logits_to_probs, sample_from
+from ..sampling import NoisePurpose, SamplingParams, generator_for, logits_to_probs, sample_from
+from ..schedule import KSchedule, make_schedule
 from ..settings import ConfigSettings
-from .schedule import KSchedule, make_schedule
 
 
 @dataclass
@@ -163,7 +163,8 @@ class Proposer:
         return make_schedule(configured, max_k)
 
 
-def draft_token(logits: torch.Tensor, request: ProposalRequest, purpose: int, slot: int) -> tuple[int, torch.Tensor]:
+def draft_token(logits: torch.Tensor, request: ProposalRequest, purpose: NoisePurpose,
+                slot: int) -> tuple[int, torch.Tensor]:
     """One draft token from a model proposer's logits under the request's sampling.
 
     Args:

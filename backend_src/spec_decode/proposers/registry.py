@@ -10,15 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..protocol import NO_SPECULATION
+from ..schedule import ConstantK, KSchedule
 from .base import Proposer
 from .draft_lm import DraftModelProposer
 from .eagle import EagleProposer
 from .hybrid import HybridProposer
 from .ngram import NgramProposer
-from .schedule import ConstantK, KSchedule
 from .suffix import SuffixProposer
-
-NO_SPECULATION = "none"  # plain decoding: no proposer, k = 0
 
 # name -> class, in the order they are built: a proposer composed of others (hybrid) after those it composes.
 PROPOSERS: dict[str, type[Proposer]] = {cls.name: cls for cls in (

@@ -13,6 +13,8 @@ import traceback
 
 import numpy as np
 
+from .wire import PAD_ID
+
 logger = logging.getLogger(__name__)
 
 
@@ -62,9 +64,6 @@ def sibling_parameters(args: dict, model: str) -> dict[str, str] | None:
     except text_format.ParseError as e:
         raise ValueError(f"{cfg}: {e}") from None
     return {k: v.string_value for k, v in parsed.parameters.items()}
-
-
-PAD_ID = -1  # pads rows of token-id tensors (never a token id)
 
 
 def read_inputs(request, names, pb_utils) -> dict:

@@ -21,7 +21,8 @@ from ..proposers.registry import config_parameters
 from ..settings import DraftModelSettings, InvalidInputError
 from .batching import BatchedBackend, Work
 from .metrics import Metrics
-from .step_inputs import DRAFT_MODEL_INPUTS, is_release, proposal_request, sequence_id, token_ids
+from .step_inputs import is_release, proposal_request, sequence_id, token_ids
+from .wire import DRAFT_MODEL_INPUTS
 
 
 def _no_drafts() -> dict:

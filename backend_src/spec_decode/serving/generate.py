@@ -16,23 +16,19 @@ import traceback
 
 import numpy as np
 
+from ..engine.model_loading import load_tokenizer, resolve_model_path
 from ..generation import Chunk, Generation
-from ..model_loading import load_tokenizer, resolve_model_path
 from ..proposers import DraftLMSettings, DraftModelProposer, k_schedule, offered_methods
-from ..proposers.schedule import speculation_disabled
 from ..request import RequestLimits, parse_request
+from ..schedule import speculation_disabled
 from ..settings import DraftModelSettings, GenerateSettings, InvalidInputError, one_of, warn_unknown_parameters
 from .adapter import error_response, read_inputs
 from .metrics import Metrics, stats_tuple
 from .rounds import StepRounds
 from .triton_step import TritonStep
+from .wire import GENERATE_INPUTS
 
 logger = logging.getLogger(__name__)
-
-GENERATE_INPUTS = ("text_input", "max_tokens", "temperature", "top_p", "top_k", "random_seed", "stop_words", "end_id",
-                   "stream", "exclude_input_in_output", "return_log_probs", "ignore_eos", "num_draft_tokens",
-                   "speculative_method", "acceptance_method")
-
 
 class GenerateBackend:
     """The ``generate`` model's logic.

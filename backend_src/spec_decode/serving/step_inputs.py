@@ -16,15 +16,8 @@ from ..protocol import StepInputs
 from ..sampling import SamplingParams
 from ..settings import InvalidInputError, check_acceptance_method, decode_text, in_range, one_of
 from .adapter import stack_rows, strip_padding
+from .wire import STEP, scalar
 
-DRAFT_MODEL_INPUTS = ("sequence_id", "token_ids", "num_draft_tokens", "speculative_method", "temperature", "top_k",
-                      "top_p", "random_seed", "seeded", "step", "release", "context_hidden_states",
-                      "num_context_hidden_states")
-TARGET_MODEL_INPUTS = ("sequence_id", "token_ids", "draft_token_ids", "temperature", "top_k", "top_p", "release")
-VERIFIER_INPUTS = ("target_probs", "draft_token_ids", "draft_probs", "temperature", "random_seed", "step",
-                   "acceptance_method")
-
-_REQUIRED = object()
 MAX_TOKEN_ID = 2**31 - 1  # token ids travel as int64 but every tree and model here takes int32 ids
 
 
@@ -39,29 +32,30 @@ def round_inputs(inps: list[StepInputs], release: bool) -> dict[str, np.ndarray]
     none drafts carries empty ``draft_token_ids`` [B, 0] and ``draft_probs`` [B, 0, 0] instead (``score_step``: no
     draft_model).
     """
-    col = lambda values, dtype: np.array([[v] for v in values], dtype)  # noqa: E731 - [batch, 1]
+    def col(name: str, values: list) -> np.ndarray:  # [B, 1] in the tensor's wire dtype
+        return np.array([[v] for v in values], STEP[name].numpy_dtype)
+
     params = [i.params for i in inps]
-    out = {
-        "sequence_id": col([i.seq_id for i in inps], np.uint64),
-        "token_ids": stack_rows([np.asarray(i.token_ids, np.int64) for i in inps]),
-        "temperature": col([p.temperature for p in params], np.float32),
-        "top_k": col([p.top_k for p in params], np.int32),
-        "top_p": col([p.top_p for p in params], np.float32),
-        "random_seed": col([p.seed for p in params], np.int64),
-        "step": col([i.step for i in inps], np.int64),
-        "release": col([release] * len(inps), np.bool_),
-        "acceptance_method": col([i.acceptance_method.encode() for i in inps], np.object_),
-    }
+    out = {name: col(name, values) for name, values in (
+        ("sequence_id", [i.seq_id for i in inps]),
+        ("temperature", [p.temperature for p in params]),
+        ("top_k", [p.top_k for p in params]),
+        ("top_p", [p.top_p for p in params]),
+        ("random_seed", [p.seed for p in params]),
+        ("step", [i.step for i in inps]),
+        ("release", [release] * len(inps)),
+        ("acceptance_method", [i.acceptance_method.encode() for i in inps]))}
+    out["token_ids"] = stack_rows([np.asarray(i.token_ids, STEP["token_ids"].numpy_dtype) for i in inps])
     if release or any(i.drafts for i in inps):
-        out["num_draft_tokens"] = col([i.num_draft_tokens for i in inps], np.int32)
-        out["speculative_method"] = col([i.method.encode() for i in inps], np.object_)
-        out["seeded"] = col([p.seeded for p in params], np.bool_)
+        out["num_draft_tokens"] = col("num_draft_tokens", [i.num_draft_tokens for i in inps])
+        out["speculative_method"] = col("speculative_method", [i.method.encode() for i in inps])
+        out["seeded"] = col("seeded", [p.seeded for p in params])
         hidden = [i.hidden_states if not release and i.drafts and needs_hidden_states(i.method) else None for i in inps]
         if any(h is not None and len(h) for h in hidden):
             width = next(h.shape[1] for h in hidden if h is not None and len(h))
             rows = [np.zeros((0, width), np.float32) if h is None else np.asarray(h, np.float32) for h in hidden]
             out["context_hidden_states"] = stack_rows(rows)
-            out["num_context_hidden_states"] = col([len(r) for r in rows], np.int32)
+            out["num_context_hidden_states"] = col("num_context_hidden_states", [len(r) for r in rows])
     else:
         out["draft_token_ids"] = np.zeros((len(inps), 0), np.int64)
         out["draft_probs"] = np.zeros((len(inps), 0, 0), np.float32)
@@ -88,20 +82,6 @@ def context_hidden_states(inputs: dict) -> torch.Tensor | None:
         return None
     return torch.as_tensor(np.asarray(hidden.cpu() if isinstance(hidden, torch.Tensor) else hidden)[:n],
                            dtype=torch.float32)
-
-
-def scalar(inputs: dict, name: str, default=_REQUIRED):
-    """The one value of input ``name`` ([1] per row), or ``default`` when absent.
-
-    Raises:
-        InvalidInputError: a required input that is missing.
-    """
-    v = inputs.get(name)
-    if v is None:
-        if default is _REQUIRED:
-            raise InvalidInputError(name, "required")
-        return default
-    return np.asarray(v.cpu() if isinstance(v, torch.Tensor) else v).reshape(-1)[0]
 
 
 def text(inputs: dict, name: str, default: str = "") -> str:

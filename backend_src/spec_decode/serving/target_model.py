@@ -14,12 +14,13 @@ import time
 
 import torch
 
-from ..model_loading import load_cached_lm, resolve_model_path
-from ..scorer import Scores, TargetScorer
+from ..engine.model_loading import load_cached_lm, resolve_model_path
+from ..engine.scorer import Scores, TargetScorer
 from ..settings import TargetSettings
 from .batching import BatchedBackend, Work
 from .metrics import Metrics
-from .step_inputs import TARGET_MODEL_INPUTS, draft_token_ids, is_release, sampling_params, sequence_id, token_ids
+from .step_inputs import draft_token_ids, is_release, sampling_params, sequence_id, token_ids
+from .wire import TARGET_MODEL_INPUTS
 
 
 def _outputs(scores: Scores) -> dict:

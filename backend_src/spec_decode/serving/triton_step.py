@@ -17,12 +17,10 @@ from ..generation import Generation
 from ..protocol import StepInputs, StepResult
 from .adapter import strip_padding
 from .step_inputs import needs_hidden_states, round_inputs
+from .wire import SCORE_STEP, SPEC_STEP, STEP_PARTS
 
 logger = logging.getLogger(__name__)
 
-STEP_MODEL = "spec_step"
-PLAIN_STEP_MODEL = "score_step"  # target_model -> verifier: a round in which no sequence drafts
-STEP_PARTS = ("draft_model", "target_model", "verifier")  # the models the two ensembles run
 MAX_PENDING_RELEASES = 256  # failed releases kept to send again (TritonStep.release)
 
 
@@ -56,8 +54,8 @@ class TritonStep:
         max_batch_size: most sequences per request (the ensemble's max_batch_size); larger rounds are split.
     """
 
-    def __init__(self, pb_utils, model_name: str = STEP_MODEL, max_batch_size: int = 16,
-                 plain_model_name: str = PLAIN_STEP_MODEL):
+    def __init__(self, pb_utils, model_name: str = SPEC_STEP, max_batch_size: int = 16,
+                 plain_model_name: str = SCORE_STEP):
         self.pb = pb_utils
         self.model_name = model_name
         self.plain_model_name = plain_model_name

@@ -16,11 +16,11 @@ import time
 import numpy as np
 import torch
 
-from ..settings import VerifierSettings
-from ..verifier import Verifier, VerifierRow
+from ..verifier import Verifier, VerifierRow, VerifierSettings
 from .batching import BatchedBackend, Work
 from .metrics import Metrics
-from .step_inputs import VERIFIER_INPUTS, acceptance_method, draft_token_ids, sampling_params, scalar
+from .step_inputs import acceptance_method, draft_token_ids, sampling_params, scalar
+from .wire import VERIFIER_INPUTS
 
 
 def _outputs(out: tuple[list[int], list[float]]) -> dict:

@@ -7,6 +7,7 @@ kind of row. CUDA tensors run the Triton kernels of :mod:`.kernels`; CPU tensors
 """
 
 from .rejection import rejection_sample, typical_acceptance_sample, validate_inputs
-from .verifier import Verifier, VerifierRow
+from .verifier import Verifier, VerifierRow, VerifierSettings
 
-__all__ = ["Verifier", "VerifierRow", "rejection_sample", "typical_acceptance_sample", "validate_inputs"]
+__all__ = ["Verifier", "VerifierRow", "VerifierSettings", "rejection_sample", "typical_acceptance_sample",
+           "validate_inputs"]

@@ -11,16 +11,35 @@ it is faster and NOT lossless.
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
 
-from ..sampling import generator_for
-from ..settings import TYPICAL_ALPHA, TYPICAL_EPSILON, VERIFIER_BACKENDS, check_typical_parameters, one_of
+from ..sampling import NoisePurpose, generator_for
+from ..settings import InvalidInputError, one_of
 from .torch_impl import _first_rejection, rejection_torch, typical_torch
 
-_UNIFORM, _RACE = 1, 2  # noise purposes mixed into a seeded row's generator seed
+VERIFIER_BACKENDS = ("auto", "triton", "torch")  # rejection_sample's backend: see its docstring
+TYPICAL_EPSILON, TYPICAL_ALPHA = 0.09, 0.3  # typical acceptance's defaults (Medusa, vLLM)
+FLOAT32_MAX = 3.4028234663852886e38
 MAX_K = 65535  # the most drafts per row: the kernels draw the race's noise from Philox offsets 2^16 and up
+
+
+def check_typical_parameters(posterior_threshold: float, posterior_alpha: float,
+                             names: tuple[str, str] = ("posterior_threshold", "posterior_alpha")) -> None:
+    """Typical acceptance's epsilon and delta: finite numbers in [0, 3.4e38] (they are used as float32 values).
+
+    Args:
+        posterior_threshold, posterior_alpha: the values to check. names: how the error names them.
+
+    Raises:
+        InvalidInputError: naming the parameter and the allowed range (negative, NaN, infinite, beyond float32, or
+            not a number).
+    """
+    for name, x in zip(names, (posterior_threshold, posterior_alpha)):
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or not 0 <= x <= FLOAT32_MAX:
+            raise InvalidInputError(name, f"allowed values are finite numbers in [0, {FLOAT32_MAX:.3g}], got {x!r}")
 
 
 def validate_inputs(
@@ -111,8 +130,8 @@ def _torch_noise(seeds: torch.Tensor, greedy: torch.Tensor, draft_token_ids: tor
     lengths = _first_rejection((draft_token_ids >= 0).cpu()).tolist()  # drafts before the first placeholder
     for row, (s, g) in enumerate(zip(seeds.tolist(), greedy.tolist())):
         if not g:
-            u[row, : lengths[row]] = torch.rand(lengths[row], generator=generator_for(s, _UNIFORM))
-            e[row].exponential_(1.0, generator=generator_for(s, _RACE)).clamp_min_(1e-30)
+            u[row, : lengths[row]] = torch.rand(lengths[row], generator=generator_for(s, NoisePurpose.VERIFIER_UNIFORM))
+            e[row].exponential_(1.0, generator=generator_for(s, NoisePurpose.VERIFIER_RACE)).clamp_min_(1e-30)
     return u, e
 
 

@@ -1,7 +1,7 @@
 """The verifier of a round: one sampler call per kind of row (one kernel launch on CUDA), rows of different k padded.
 
 What the ``verifier`` model runs (:mod:`spec_decode.serving.verifier_model`) and the in-process transport calls: the
-configured acceptance method (:class:`~spec_decode.settings.VerifierSettings`) over :func:`.rejection_sample` and
+configured acceptance method (:class:`VerifierSettings`) over :func:`.rejection_sample` and
 :func:`.typical_acceptance_sample`, with each row's noise keyed by its own seed and step. As vLLM's rejection sampler,
 which takes a whole batch per call.
 """
@@ -13,8 +13,43 @@ from dataclasses import dataclass
 import torch
 
 from ..sampling import mix_seed
-from ..settings import InvalidInputError, VerifierSettings
-from .rejection import rejection_sample, typical_acceptance_sample
+from ..settings import ConfigSettings, InvalidInputError, check_acceptance_method, in_range
+from .rejection import (
+    TYPICAL_ALPHA,
+    TYPICAL_EPSILON,
+    VERIFIER_BACKENDS,
+    check_typical_parameters,
+    rejection_sample,
+    typical_acceptance_sample,
+)
+
+
+@dataclass(frozen=True)
+class VerifierSettings(ConfigSettings):
+    """The verifier's settings.
+
+    Attributes:
+        acceptance_method: the default when a request names none: ``rejection`` (lossless) or ``typical`` (Medusa's
+            typical acceptance: accepts more drafts, NOT lossless).
+        typical_epsilon: typical acceptance's posterior threshold (epsilon), finite, in [0, float32 max].
+        typical_alpha: typical acceptance's posterior alpha (delta), finite, in [0, float32 max].
+        backend: ``auto`` (Triton kernels for CUDA tensors, torch on CPU), ``triton``, ``torch``.
+        num_threads: torch CPU threads of the verifier process (0 = torch's default; its CPU work is small, so more
+            threads only spin against the target's forward on a small machine).
+    """
+
+    acceptance_method: str = "rejection"
+    typical_epsilon: float = TYPICAL_EPSILON
+    typical_alpha: float = TYPICAL_ALPHA
+    backend: str = "auto"
+    num_threads: int = 1
+
+    def check(self) -> None:
+        object.__setattr__(self, "acceptance_method", check_acceptance_method("acceptance_method",
+                                                                              self.acceptance_method))
+        check_typical_parameters(self.typical_epsilon, self.typical_alpha, ("typical_epsilon", "typical_alpha"))
+        self._choice("backend", VERIFIER_BACKENDS)
+        in_range("num_threads", self.num_threads, 0)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ step's drafts (draft_min_token_prob)."""
 import pytest
 import torch
 
-from spec_decode.kv_cache import CachedCausalLM
+from spec_decode.engine.kv_cache import CachedCausalLM
 from spec_decode.proposers import DraftLMSettings, DraftModelProposer, ProposalRequest
 from spec_decode.sampling import SamplingParams
 from tests.helpers import assert_cut_by_rule, confidence_rule

@@ -7,10 +7,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from spec_decode.draft_vocab import DraftVocab
+from spec_decode.engine.draft_vocab import DraftVocab
 from spec_decode.proposers import EagleHead, EagleProposer, EagleSettings, ProposalRequest
-from spec_decode.proposers.eagle import resolve_eagle_path, unrolled_outputs
+from spec_decode.proposers.eagle import resolve_eagle_path
 from spec_decode.sampling import SamplingParams
+from spec_decode.training.speculator import unrolled_outputs
 from tests.helpers import assert_cut_by_rule, confidence_rule, save_tiny_eagle, tiny_eagle_config
 
 KEPT = list(range(0, 97, 2))  # 49 of the tiny target's 97 tokens

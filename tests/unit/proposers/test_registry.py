@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spec_decode.proposers import registry
-from spec_decode.proposers.schedule import ConstantK, HeuristicK
+from spec_decode.schedule import ConstantK, HeuristicK
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 

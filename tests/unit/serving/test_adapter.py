@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from spec_decode.server import DEFAULT_REPOSITORY
+from spec_decode.launcher import DEFAULT_REPOSITORY
 from spec_decode.serving.adapter import PAD_ID, execute, stack_rows, strip_padding
 from tests.fake_pb_utils import FakePbUtils, Request
 

@@ -118,7 +118,7 @@ def test_generate_is_held_to_draft_model_s_config_when_it_can_read_it(real_model
 
 
 def test_sibling_parameters_reads_the_shipped_draft_model_config():
-    from spec_decode.server import DEFAULT_REPOSITORY
+    from spec_decode.launcher import DEFAULT_REPOSITORY
     from spec_decode.serving.adapter import sibling_parameters
 
     params = sibling_parameters({"model_repository": str(DEFAULT_REPOSITORY / "generate")}, "draft_model")

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from spec_decode.settings import InvalidInputError, VerifierSettings
-from spec_decode.verifier import Verifier, VerifierRow
+from spec_decode.settings import InvalidInputError
+from spec_decode.verifier import Verifier, VerifierRow, VerifierSettings
 
 
 def test_a_row_whose_target_probs_do_not_fit_its_drafts_is_refused_at_construction():

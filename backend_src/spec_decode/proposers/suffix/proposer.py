@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import OrderedDict
 from dataclasses import dataclass
 
+from ...engine.lru import SequenceLRU
 from ...sampling import SamplingParams
 from ...settings import ConfigSettings, InvalidInputError, in_range
 from ..base import Proposal, ProposalRequest, Proposer
@@ -78,7 +78,8 @@ class SuffixProposer(Proposer):
         self.settings = s
         self.cache = make_cache(s.backend, s.max_tree_depth, s.max_cached_requests)
         self.backend = self.cache.engine.name
-        self._ids: OrderedDict[int, list[int]] = OrderedDict()  # seq_id -> ids the cache has seen
+        # seq_id -> the ids the cache has seen; an evicted sequence's tree is stopped (its response joins the global)
+        self._ids: SequenceLRU[list[int]] = SequenceLRU(max_active, lambda sid, _: self.cache.stop_request(sid))
         self.max_active = max_active
         if self.backend == "python" and s.max_cached_requests > 256:
             logger.warning("suffix decoding uses the pure-Python trie (Arctic's C++ tree is not built: run "
@@ -86,20 +87,18 @@ class SuffixProposer(Proposer):
                            s.max_cached_requests)
 
     def _sync(self, seq_id: int, token_ids: list[int]) -> None:
-        known = self._ids.get(seq_id)
+        known = self._ids.peek(seq_id)
         if known is not None and token_ids[: len(known)] == known:
             if len(token_ids) > len(known):
                 new = token_ids[len(known) :]
                 self.cache.add_active_response(seq_id, new)
                 known.extend(new)
-            self._ids.move_to_end(seq_id)
+            self._ids.put(seq_id, known)  # most recently used
             return
         if known is not None:  # the ids diverged from what the cache saw: start the sequence over
             self.release(seq_id)
         self.cache.start_request(seq_id, token_ids)
-        self._ids[seq_id] = list(token_ids)
-        while len(self._ids) > self.max_active:
-            self.release(next(iter(self._ids)))
+        self._ids.put(seq_id, list(token_ids))
 
     def speculate(self, seq_id: int, token_ids: list[int], k: int, use_global: bool = True) -> SuffixDraft:
         """Best draft of the request's tree and the global tree for the end of ``token_ids`` (at most ``k`` tokens).
@@ -137,7 +136,7 @@ class SuffixProposer(Proposer):
         global tree (FIFO-bounded)."""
         if final_token_ids is not None and seq_id in self._ids:
             self._sync(seq_id, [int(t) for t in final_token_ids])
-        if self._ids.pop(seq_id, None) is not None:
+        if self._ids.pop(seq_id) is not None:
             self.cache.stop_request(seq_id)
 
     def active_requests(self) -> int:

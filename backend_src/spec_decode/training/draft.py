@@ -46,90 +46,6 @@ import torch
 logger = logging.getLogger(__name__)
 
 
-def truncated_copy(target, layers: int):
-    """A copy of ``target`` (a Llama-style causal LM) keeping its first ``layers`` decoder layers.
-
-    Args:
-        target: transformers causal LM with ``model.layers`` (e.g. LlamaForCausalLM).
-        layers: decoder layers to keep, 1..num_hidden_layers.
-
-    Returns:
-        A new model of the same class, float32, sharing no tensors with ``target``.
-
-    Raises:
-        ValueError: ``layers`` out of range.
-    """
-    cfg = target.config.__class__.from_dict(target.config.to_dict())
-    n = cfg.num_hidden_layers
-    if not 1 <= layers <= n:
-        raise ValueError(f"layers must be in [1, {n}], got {layers}")
-    cfg.num_hidden_layers = layers
-    if getattr(cfg, "layer_types", None):
-        cfg.layer_types = cfg.layer_types[:layers]
-    draft = target.__class__(cfg)
-    state = {k: v for k, v in target.state_dict().items()
-             if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers}
-    missing, unexpected = draft.load_state_dict(state, strict=False)
-    missing = [m for m in missing if "rotary_emb" not in m and m != "lm_head.weight"]
-    if missing or unexpected:
-        raise RuntimeError(f"truncated copy mismatch: missing {missing}, unexpected {unexpected}")
-    return draft.float()
-
-
-def prune_vocabulary(draft, vocab):
-    """Shrink a (tied-embedding) draft's vocabulary to ``vocab``'s kept tokens plus one "outside" row.
-
-    The kept rows are the target's; the outside row is their mean. The head stays tied to the embeddings.
-
-    Args:
-        draft: causal LM from :func:`truncated_copy`.
-        vocab: :class:`~spec_decode.model_loading.DraftVocab` over the target's vocabulary.
-
-    Returns:
-        The same model, modified in place: ``config.vocab_size = len(vocab) + 1``.
-    """
-    old = draft.get_input_embeddings().weight.data
-    rows = old[vocab.token_ids]
-    new = torch.nn.Embedding(len(vocab) + 1, old.shape[1])
-    new.weight.data.copy_(torch.cat([rows, rows.mean(0, keepdim=True)]))
-    draft.set_input_embeddings(new)
-    head = torch.nn.Linear(old.shape[1], len(vocab) + 1, bias=False)
-    head.weight = new.weight
-    draft.set_output_embeddings(head)
-    draft.config.vocab_size = len(vocab) + 1
-    draft.config.tie_word_embeddings = True
-    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):  # ids of the target's vocabulary: map or drop
-        tid = getattr(draft.config, name, None)
-        if isinstance(tid, int):
-            mapped = int(vocab.to_draft[tid])
-            setattr(draft.config, name, mapped if mapped != vocab.unk_index else None)
-    return draft
-
-
-def choose_vocabulary(seqs: list[list[int]], argmax: list[torch.Tensor], size: int, target_vocab_size: int,
-                      always=()):
-    """The ``size`` most frequent target tokens of the training text and of the target's argmax predictions.
-
-    Args:
-        seqs: the corpus' token-id lists.
-        argmax: per sequence [n] the target's argmax next token at each position (:class:`~spec_decode.teacher.
-            Teacher`).
-
-    Returns:
-        :class:`~spec_decode.model_loading.DraftVocab` (sorted ids; ``always`` ids included).
-    """
-    from .draft_vocab import DraftVocab
-
-    counts = torch.zeros(target_vocab_size, dtype=torch.float64)
-    for ids, top in zip(seqs, argmax):
-        counts += torch.bincount(torch.tensor(ids), minlength=target_vocab_size)
-        counts += torch.bincount(top.long(), minlength=target_vocab_size)
-    for t in always:
-        counts[t] = float("inf")
-    keep = torch.sort(torch.topk(counts, min(size, target_vocab_size)).indices).values
-    return DraftVocab(keep, target_vocab_size)
-
-
 def _batches(seqs, teacher, seq_len: int, batch_size: int, gen: torch.Generator, vocab=None):
     """Random windows of ``seq_len`` tokens: (input ids [B, L], the target's hidden states there [B, L, H], mask
     [B, L]); with a pruned ``vocab`` the ids are draft indices."""
@@ -148,30 +64,6 @@ def _batches(seqs, teacher, seq_len: int, batch_size: int, gen: torch.Generator,
             mask_b.append(torch.tensor([1.0] * (end - start) + [0.0] * pad))
         ids_t = torch.stack(ids_b)
         yield (vocab.to_draft[ids_t] if vocab is not None else ids_t), torch.stack(hid_b), torch.stack(mask_b)
-
-
-def target_distribution(target_logits: torch.Tensor, top_k: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sparse distillation target from the target's logits over the kept tokens (:func:`spec_decode.teacher.
-    target_logits`): its ``top_k`` most probable tokens, (probabilities [..., K] float32 renormalised over them, their
-    indices [..., K] int64), computed once for the losses of a step. (The top 32 carry nearly all of the target's mass
-    on code; the full distribution made a step of ``make speculator`` ~1.2x slower here.)"""
-    values, idx = target_logits.float().topk(min(top_k, target_logits.shape[-1]), -1)
-    return torch.softmax(values, -1), idx
-
-
-def distillation_loss(student_logits: torch.Tensor, target: tuple[torch.Tensor, torch.Tensor],
-                      mask: torch.Tensor) -> torch.Tensor:
-    """KL(target || student) over the target's top-k tokens (nats; Hinton et al. 2015), mean over unmasked positions.
-
-    Args:
-        student_logits: [B, L, N] float, over the tokens the target's indices point into.
-        target: :func:`target_distribution` of the target's logits ([B, L, K] probabilities, [B, L, K] indices).
-        mask: [B, L] 1.0 where the position counts.
-    """
-    p, idx = target
-    log_q = torch.log_softmax(student_logits.float(), -1).gather(-1, idx)
-    kl = torch.where(p > 0, p * (torch.log(p.clamp_min(1e-12)) - log_q), torch.zeros_like(p)).sum(-1)
-    return (kl * mask).sum() / mask.sum().clamp_min(1.0)
 
 
 def evaluate(draft, seqs: list[list[int]], prompt_lens: list[int], teacher, k: int = 4, vocab=None) -> dict:
@@ -231,8 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run (or resume) the distillation; writes the draft folder. Returns 0."""
     from tqdm import tqdm
 
-    from .model_loading import default_draft_dir, default_draft_ready
-    from .teacher import HelpFormatter, add_data_arguments, publish, start_run, target_logits, training_data
+    from ..engine.surgery import prune_vocabulary, truncated_copy
+    from ..proposers.draft_lm import default_draft_dir, default_draft_ready
+    from .cli import HelpFormatter, add_data_arguments, publish, start_run, training_data
+    from .teacher import choose_vocabulary, distillation_loss, target_distribution, target_logits
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=HelpFormatter)

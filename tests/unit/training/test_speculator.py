@@ -1,13 +1,13 @@
-"""spec_decode.train_speculator: the tool end to end at a tiny size (real target, a few steps), resumable; its
+"""spec_decode.training.speculator: the tool end to end at a tiny size (real target, a few steps), resumable; its
 held-out evaluation through the serving proposer; its training windows."""
 
 import json
 
 import torch
 
-from spec_decode.draft_vocab import DraftVocab
-from spec_decode.teacher import Teacher
-from spec_decode.train_speculator import main, windows
+from spec_decode.engine.draft_vocab import DraftVocab
+from spec_decode.training.speculator import main, windows
+from spec_decode.training.teacher import Teacher
 
 TINY = ["--eval-prompts", "1", "--eval-tokens", "8", "--stdlib-tokens", "400", "--humaneval-tasks", "3", "--seq-len",
         "48", "--steps", "20", "--batch-size", "4", "--checkpoint-every", "10", "--draft-vocab", "512",

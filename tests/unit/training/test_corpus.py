@@ -1,8 +1,8 @@
-"""spec_decode.corpus: deterministic training text from the standard library and HumanEval's training tasks."""
+"""spec_decode.training.corpus: deterministic training text from the standard library and HumanEval's training tasks."""
 
 import pytest
 
-from spec_decode.corpus import HELD_OUT, heldout_tasks, stdlib_files, training_corpus
+from spec_decode.training.corpus import HELD_OUT, heldout_tasks, stdlib_files, training_corpus
 
 
 def test_the_corpus_is_deterministic_bounded_and_leaves_the_held_out_tasks_out(real_tokenizer):

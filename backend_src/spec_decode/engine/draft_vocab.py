@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .settings import InvalidInputError
+from ..settings import InvalidInputError
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"
 

@@ -9,12 +9,12 @@ costs time, never correctness. Entries are bounded by count (LRU) and freed by :
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
 
-from .settings import InvalidInputError
+from ..settings import InvalidInputError
+from .lru import SequenceLRU
 
 
 def cache_keyword(model) -> str:
@@ -84,7 +84,7 @@ class CachedCausalLM:
         # (what a hidden-state speculator reads) for the positions it keeps, as ``*ForCausalLM.forward`` itself does.
         self._decoder, self._head = model.get_decoder(), model.get_output_embeddings()
         self._cache_kw = cache_keyword(self._decoder)
-        self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        self._entries: SequenceLRU[_Entry] = SequenceLRU(max_sequences)
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -97,24 +97,13 @@ class CachedCausalLM:
 
     def cached_ids(self, seq_id: int) -> list[int] | None:
         """Tokens currently held in the cache of ``seq_id`` (None when absent)."""
-        e = self._entries.get(seq_id)
+        e = self._entries.peek(seq_id)
         return None if e is None else list(e.ids)
 
     def release(self, seq_id: int) -> bool:
         """Free the cache of ``seq_id``; returns whether there was one."""
         with self._lock:
-            return self._entries.pop(seq_id, None) is not None
-
-    def _entry(self, seq_id: int) -> _Entry:
-        e = self._entries.get(seq_id)
-        if e is None:
-            e = _Entry()
-            self._entries[seq_id] = e
-            while len(self._entries) > self.max_sequences:
-                self._entries.popitem(last=False)
-        else:
-            self._entries.move_to_end(seq_id)
-        return e
+            return self._entries.pop(seq_id) is not None
 
     @torch.inference_mode()
     def logits(self, seq_id: int, token_ids: list[int], n_logits: int) -> torch.Tensor:
@@ -217,7 +206,7 @@ class CachedCausalLM:
 
     def _prepare(self, seq_id: int, token_ids: list[int], n_logits: int) -> tuple[_Entry, int]:
         """The sequence's entry cropped to the reusable prefix, and that prefix's length."""
-        e = self._entry(seq_id)
+        e = self._entries.get(seq_id, _Entry)
         keep = min(common_prefix_len(e.ids, token_ids), len(token_ids) - n_logits)
         # Positions from ``keep`` on are overwritten by the forward (a rollback costs nothing); if it raises, the
         # entry is dropped.
@@ -268,7 +257,7 @@ class CachedCausalLM:
             logits = self._head(hidden)
         except Exception:
             for _, seq_id, *_ in batch:
-                self._entries.pop(seq_id, None)
+                self._entries.pop(seq_id)
             raise
         results = []
         for row, (_, _, e, token_ids, _, n_logits) in enumerate(batch):

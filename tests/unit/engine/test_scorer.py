@@ -1,10 +1,10 @@
-"""spec_decode.scorer: k+1 target distributions per step, alone and batched."""
+"""spec_decode.engine.scorer: k+1 target distributions per step, alone and batched."""
 
 import torch
 
-from spec_decode.kv_cache import CachedCausalLM
+from spec_decode.engine.kv_cache import CachedCausalLM
+from spec_decode.engine.scorer import TargetScorer
 from spec_decode.sampling import SamplingParams
-from spec_decode.scorer import TargetScorer
 
 GREEDY = SamplingParams()
 

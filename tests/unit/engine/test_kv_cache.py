@@ -1,9 +1,10 @@
-"""spec_decode.kv_cache: the per-sequence KV caches (reuse, rollback, LRU, batched rounds, growth) on a tiny model."""
+"""spec_decode.engine.kv_cache: the per-sequence KV caches (reuse, rollback, LRU, batched rounds, growth) on a tiny
+model."""
 
 import pytest
 import torch
 
-from spec_decode.kv_cache import CachedCausalLM
+from spec_decode.engine.kv_cache import CachedCausalLM
 
 
 def _full_logits(model, ids):

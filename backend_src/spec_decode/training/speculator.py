@@ -43,6 +43,46 @@ import torch
 logger = logging.getLogger(__name__)
 
 
+def unroll_mask(t: int, depth: int, device=None) -> torch.Tensor:
+    """Attention mask of unrolled step ``depth`` >= 1 over the keys of steps 0..depth (``[1, 1, t, (depth + 1) t]``
+    bool): the query at j sees step 0's keys at positions <= j - depth (pairs built from the target's features) and
+    step e's key at position j - depth + e for e = 1..depth (the pairs the head built from its own outputs on the way
+    from there to j), as a live draft of depth + 1 tokens does."""
+    j = torch.arange(t, device=device)[:, None]
+    i = torch.arange(t, device=device)[None]
+    blocks = [i <= j - depth] + [i == j - depth + e for e in range(1, depth + 1)]
+    return torch.cat(blocks, 1)[None, None]
+
+
+def unrolled_outputs(model, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                     depth: int) -> list[torch.Tensor]:
+    """The head's outputs as drafting sees them, for draft positions 1..``depth`` (EAGLE-3's training-time test).
+
+    Step 0 is the teacher-forced pass. Step d's input at pair j is the head's own step d-1 output at j - 1 with the true
+    token x_{j+1} (in greedy drafting an accepted draft is the true token), and it attends as :func:`unroll_mask` says.
+
+    Args:
+        features: [B, T, H]; tokens: [B, T]; positions: [B, T], as
+            :meth:`~spec_decode.proposers.eagle.EagleHead.forward` takes them.
+        depth: how many draft positions to unroll, >= 1.
+
+    Returns:
+        ``depth`` tensors [B, T, H]: step d's outputs (rows j < d have no valid input and should not count).
+    """
+    t = features.shape[1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=features.device).tril()[None, None]
+    out, (k, v) = model.layer(model.pair_inputs(features, tokens), positions, causal)
+    outs, keys, values = [out], [k], [v]
+    for d in range(1, depth):
+        prev = torch.cat([out[:, :1] * 0, out[:, :-1]], 1)  # step d-1's output for the pair before
+        out, (k, v) = model.layer(model.pair_inputs(prev, tokens), positions,
+                                  unroll_mask(t, d, features.device), (torch.cat(keys, 2), torch.cat(values, 2)))
+        outs.append(out)
+        keys.append(k)
+        values.append(v)
+    return outs
+
+
 def windows(sequences: list[list[int]], teacher, seq_len: int, batch_size: int, gen: torch.Generator, vocab):
     """Random training windows of pairs, forever.
 
@@ -84,9 +124,7 @@ def unrolled_loss(model, batch, depth: int, feature_weight: float) -> tuple[torc
     regression). Also returns each position's KL (nats)."""
     import torch.nn.functional as F
 
-    from .proposers.eagle import unrolled_outputs
-    from .teacher import native_bfloat16
-    from .train_draft import distillation_loss, target_distribution
+    from .teacher import distillation_loss, native_bfloat16, target_distribution
 
     feats, tokens, pos, nxt, mask = batch
     # bfloat16 matrix products where the CPU has them natively (AMX: ~2x the steps per second here); the losses and
@@ -118,8 +156,8 @@ def evaluate(proposer, sequences: list[list[int]], prompt_lens: list[int], teach
         dict: ``tokens_per_step``, ``acceptance_rate`` (accepted / drafted), ``drafts_per_step``,
         ``acceptance_per_position`` (P(at least j+1 drafts accepted) per step), ``steps``.
     """
-    from .proposers.base import ProposalRequest
-    from .sampling import SamplingParams
+    from ..proposers.base import ProposalRequest
+    from ..sampling import SamplingParams
 
     hist, drafted, steps = [0] * (k + 1), 0, 0
     greedy = SamplingParams()
@@ -152,9 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run (or resume) the training; writes the head's folder. Returns 0."""
     from tqdm import tqdm
 
-    from .proposers.eagle import REPORT_FILE, EagleHead, EagleProposer, EagleSettings, default_eagle_dir, eagle_config
-    from .teacher import HelpFormatter, add_data_arguments, publish, start_run, training_data
-    from .train_draft import choose_vocabulary
+    from ..proposers.eagle import REPORT_FILE, EagleHead, EagleProposer, EagleSettings, default_eagle_dir, eagle_config
+    from .cli import HelpFormatter, add_data_arguments, publish, start_run, training_data
+    from .teacher import choose_vocabulary
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=HelpFormatter)

@@ -5,7 +5,9 @@ import json
 import pytest
 import torch
 
-from spec_decode.train_draft import distillation_loss, main, target_distribution, truncated_copy
+from spec_decode.engine.surgery import truncated_copy
+from spec_decode.training.draft import main
+from spec_decode.training.teacher import distillation_loss, target_distribution
 
 TINY = ["--eval-prompts", "1", "--eval-tokens", "8", "--stdlib-tokens", "400", "--humaneval-tasks", "3",
         "--corpus-seq-len", "96", "--steps", "14", "--batch-size", "2", "--seq-len", "48", "--layers",
@@ -42,7 +44,7 @@ def test_distillation_loss_is_the_kl_over_the_target_s_top_k_and_zero_for_the_te
 
 
 def test_tool_runs_end_to_end_loss_falls_and_folder_loads(tiny_draft, real_model_dir):
-    from spec_decode.model_loading import load_causal_lm
+    from spec_decode.engine.model_loading import load_causal_lm
 
     info = json.loads((tiny_draft / "train_draft.json").read_text())
     losses = info["losses"]
@@ -63,15 +65,15 @@ def test_rerun_resumes_from_the_checkpoint(tiny_draft, teacher_cache):
 
 
 def test_greedy_output_with_the_trained_draft_equals_the_target(tiny_draft, real_model, real_tokenizer):
-    from spec_decode.draft_vocab import load_draft_vocab
+    from spec_decode.engine.draft_vocab import load_draft_vocab
+    from spec_decode.engine.kv_cache import CachedCausalLM
+    from spec_decode.engine.model_loading import load_causal_lm
+    from spec_decode.engine.scorer import TargetScorer
     from spec_decode.generation import Generation
     from spec_decode.in_process import LocalStep, run_local
-    from spec_decode.kv_cache import CachedCausalLM
-    from spec_decode.model_loading import load_causal_lm
     from spec_decode.proposers import DraftModelProposer
     from spec_decode.request import GenerationRequest
     from spec_decode.sampling import SamplingParams
-    from spec_decode.scorer import TargetScorer
 
     draft = load_causal_lm(tiny_draft, torch.device("cpu"), torch.float32)
     vocab = load_draft_vocab(tiny_draft)
@@ -103,7 +105,7 @@ def test_evaluate_steps_drafts_as_live_greedy_decoding():
     # Draft matches the target at positions 0,1,4,5,6,7,8 of 10: live steps (k = 4) accept 2, 0, 4, 0 drafts.
     from types import SimpleNamespace
 
-    from spec_decode.train_draft import evaluate
+    from spec_decode.training.draft import evaluate
 
     match = [1, 1, 0, 0, 1, 1, 1, 1, 1, 0]
     logits = torch.zeros(1, len(match) + 1, 8)
@@ -129,9 +131,9 @@ def test_full_vocab_draft_for_assisted_generation_proposes_what_the_served_draft
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     from serving import full_vocab_draft
 
-    from spec_decode.draft_vocab import load_draft_vocab
-    from spec_decode.kv_cache import CachedCausalLM
-    from spec_decode.model_loading import load_causal_lm
+    from spec_decode.engine.draft_vocab import load_draft_vocab
+    from spec_decode.engine.kv_cache import CachedCausalLM
+    from spec_decode.engine.model_loading import load_causal_lm
     from spec_decode.proposers import DraftModelProposer
     from spec_decode.sampling import SamplingParams
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..settings import K_SCHEDULES
+K_SCHEDULES = ("constant", "heuristic")  # generate's num_draft_tokens_schedule: make_schedule's names
 
 
 class KSchedule(Protocol):

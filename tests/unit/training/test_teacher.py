@@ -1,10 +1,12 @@
-"""spec_decode.teacher: the target's hidden states and argmax, as its own forward computes them; the distillation
-targets its LM head reads from them; the disk cache resumes and serves both tools; the dtype of the corpus' pass."""
+"""spec_decode.training.teacher: the target's hidden states and argmax, as its own forward computes them; the
+distillation targets its LM head reads from them; the disk cache resumes and serves both tools; the dtype of the
+corpus' pass."""
 
 import pytest
 import torch
 
-from spec_decode.teacher import HelpFormatter, cached_teacher, publish, target_logits, teacher_dtype, teacher_pass
+from spec_decode.training.cli import HelpFormatter, publish
+from spec_decode.training.teacher import cached_teacher, target_logits, teacher_dtype, teacher_pass
 
 
 def test_teacher_pass_equals_the_model_s_forward_at_every_position(tiny_lm):
@@ -33,7 +35,7 @@ def test_the_cache_resumes(tiny_lm, tmp_path):
     (folder / "done.json").unlink()
     (folder / "shard-00001.pt").unlink()  # interrupted: two shards kept
     calls = []
-    import spec_decode.teacher as teacher
+    import spec_decode.training.teacher as teacher
 
     real = teacher.teacher_pass
     teacher.teacher_pass = lambda *a, **kw: calls.append(len(a[1])) or real(*a, **kw)

@@ -1,8 +1,8 @@
-"""spec_decode.proposers.schedule: k from step to step, and vLLM's disable_by_batch_size."""
+"""spec_decode.schedule: k from step to step, and vLLM's disable_by_batch_size."""
 
 import pytest
 
-from spec_decode.proposers.schedule import ConstantK, HeuristicK, make_schedule, speculation_disabled
+from spec_decode.schedule import ConstantK, HeuristicK, make_schedule, speculation_disabled
 
 
 def test_heuristic_grows_after_full_acceptance_shrinks_after_a_rejection_and_ignores_short_proposals():

@@ -11,8 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from spec_decode.healing import DiedWhileLoading, Healer, LoadWatch, decoupled_models, python_models, stub_processes
-from spec_decode.server import DEFAULT_REPOSITORY, TritonServer
+from spec_decode.launcher import DEFAULT_REPOSITORY, TritonServer
+from spec_decode.launcher.healer import (
+    DiedWhileLoading,
+    Healer,
+    LoadWatch,
+    decoupled_models,
+    python_models,
+    stub_processes,
+)
 
 SLEEPER = "import time; time.sleep(120)"
 
@@ -149,7 +156,7 @@ def test_a_look_that_overlaps_the_end_of_a_reload_does_not_report_the_old_proces
     """A look snapshots the expected processes, then reads /proc: when a reload ends between the two (it replaces the
     dead process with the new one and the model is no longer busy), the dead process must not count as a new death
     (it did: a second reload, whose unload killed the fresh process while the test watched)."""
-    from spec_decode import healing
+    from spec_decode.launcher import healer as healing
 
     healer = Healer(fake, log=lambda m: None)
     healer._rebaseline()

@@ -11,8 +11,8 @@ from typing import NamedTuple
 
 import torch
 
+from ..sampling import SamplingParams, logits_to_probs
 from .kv_cache import CachedCausalLM
-from .sampling import SamplingParams, logits_to_probs
 
 
 class Scores(NamedTuple):

@@ -28,11 +28,11 @@ import time
 from functools import partial
 from pathlib import Path
 
-from .healing import Healer, remove_shm_regions, stub_processes
-from .model_loading import cache_dir, prepare_default_model
+from ..engine.model_loading import cache_dir, prepare_default_model
+from .healer import Healer, remove_shm_regions, stub_processes
 
 MODELS = ("generate", "spec_step", "score_step", "draft_model", "target_model", "verifier")
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
 # HTTP header (gRPC metadata key) that Triton's model repository API (index, load, unload) demands; its value is a
 # random key made at each start and known only to the launcher (it is on tritonserver's command line, so readable by
@@ -141,8 +141,8 @@ def served_methods(repo: Path) -> str:
     """The ``speculative_method`` values the repository ``repo`` offers its clients, comma-separated, as generate
     computes them from draft_model's and its own config parameters (for the launcher's banner; "?" when the configs
     cannot be read)."""
-    from .proposers import offered_methods
-    from .serving.adapter import sibling_parameters
+    from ..proposers import offered_methods
+    from ..serving.adapter import sibling_parameters
 
     own = {"model_repository": str(repo / "generate")}
     draft, gen = sibling_parameters(own, "draft_model"), sibling_parameters(own, "generate")

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ..draft_vocab import DraftVocab, load_draft_vocab
-from ..kv_cache import CachedCausalLM
-from ..model_loading import draft_lm_configured, load_cached_lm, resolve_draft_path
-from ..settings import LMSettings, in_range
-from .base import Proposal, ProposalRequest, Proposer, confident, draft_token
-
-_DRAFT_PURPOSE = 3
+from ...engine.draft_vocab import DraftVocab, load_draft_vocab
+from ...engine.kv_cache import CachedCausalLM
+from ...engine.model_loading import load_cached_lm
+from ...sampling import NoisePurpose
+from ...settings import LMSettings, in_range
+from ..base import Proposal, ProposalRequest, Proposer, confident, draft_token
+from .artifacts import draft_lm_configured, resolve_draft_path
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ class DraftModelProposer(Proposer):
                 lg = lg[0]
                 if vocab is not None:
                     lg = lg[: vocab.unk_index]  # never propose the "outside the set" row
-                tok, probs = draft_token(lg, requests[j], _DRAFT_PURPOSE, i)
+                tok, probs = draft_token(lg, requests[j], NoisePurpose.DRAFT_LM, i)
                 if not confident(running[j], probs, self.min_token_prob):
                     continue
                 running[j] *= float(probs[tok])

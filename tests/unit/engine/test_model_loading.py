@@ -1,14 +1,15 @@
-"""spec_decode.model_loading: where the served models come from; spec_decode.draft_vocab: a pruned vocabulary."""
+"""spec_decode.engine.model_loading: where the served models come from; spec_decode.engine.draft_vocab: a pruned
+vocabulary."""
 
 import pytest
 import torch
 
-from spec_decode.draft_vocab import DraftVocab, load_draft_vocab
+from spec_decode.engine.draft_vocab import DraftVocab, load_draft_vocab
 from spec_decode.settings import InvalidInputError
 
 
 def test_auto_draft_path_is_the_distilled_draft_only_when_built(tmp_path, monkeypatch):
-    from spec_decode.model_loading import default_draft_dir, resolve_draft_path
+    from spec_decode.proposers.draft_lm import default_draft_dir, resolve_draft_path
 
     monkeypatch.setenv("SPEC_DECODE_CACHE", str(tmp_path))
     assert resolve_draft_path("auto") is None  # not built: the server serves model-free proposers

@@ -1,8 +1,8 @@
-"""spec_decode.server: the repository overrides the launcher writes (config.pbtxt parameters)."""
+"""spec_decode.launcher: the repository overrides the launcher writes (config.pbtxt parameters)."""
 
 import pytest
 
-from spec_decode.server import draft_overrides, prepare_repository
+from spec_decode.launcher import draft_overrides, prepare_repository
 
 
 def test_prepare_repository_overrides_parameters():
@@ -20,7 +20,7 @@ def test_unknown_parameter_is_an_error():
 def test_the_banner_names_the_methods_the_repository_offers(tmp_path):
     """served_methods reads draft_model's and generate's parameters as generate does: the draft LM when forced on, the
     EAGLE head only when its folder holds one."""
-    from spec_decode.server import served_methods
+    from spec_decode.launcher import served_methods
 
     head = tmp_path / "head"
     head.mkdir()

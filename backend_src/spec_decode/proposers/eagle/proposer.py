@@ -1,0 +1,248 @@
+"""The EAGLE proposer (``speculative_method=eagle``; vLLM's ``EagleProposer``): drafts with an
+:class:`~.model.EagleHead` from the target's hidden states, which travel with the steps.
+
+Drafting from committed tokens x_0..x_n: the pairs j < n come from the target, and the last of them drafts x_{n+1};
+then pair n is (a_{n-1} in place of f_n, the drafted token), and so on: the head feeds its own output back, as it was
+trained (EAGLE-3's "training-time test": :func:`spec_decode.training.speculator.unrolled_outputs`). The probabilities
+are scattered back to the target's vocabulary, zero elsewhere, so rejection sampling stays exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ...engine.draft_vocab import DraftVocab
+from ...engine.kv_cache import common_prefix_len
+from ...engine.lru import SequenceLRU
+from ...engine.model_loading import resolve_device, resolve_dtype
+from ...sampling import NoisePurpose
+from ...settings import InvalidInputError, LMSettings, in_range
+from ..base import Proposal, ProposalRequest, Proposer, confident, draft_token
+from .artifacts import resolve_eagle_path
+from .context import EagleContext
+from .model import EagleHead
+
+
+@dataclass(frozen=True)
+class EagleSettings(LMSettings):
+    """The head's config parameters: ``eagle_path``, ``eagle_min_token_prob`` and, as for the draft LM, ``device``,
+    ``dtype``, ``max_sequences`` (contexts kept, LRU).
+
+    Attributes:
+        eagle_path: ``auto`` (the head ``make speculator`` trains, when it exists; else none), ``""`` or ``none`` (not
+            served), or a folder with ``config.json`` and ``eagle.safetensors``.
+        eagle_min_token_prob: a step drafts its next slot while the product of its drafts' probabilities so far and
+            the slot's top probability is >= this, in [0, 1]; 0 drafts every slot. Every draft slot costs a scored
+            position whether accepted or not, so an unsure head should stop early (EAGLE-2 prunes its draft trees by
+            the same confidence; suffix decoding's ``suffix_min_token_prob``).
+    """
+
+    eagle_path: str = "auto"
+    eagle_min_token_prob: float = 0.3
+
+    def check(self) -> None:
+        super().check()
+        in_range("eagle_min_token_prob", self.eagle_min_token_prob, 0.0, 1.0)
+
+
+class EagleProposer(Proposer):
+    """Drafts with an :class:`EagleHead` from the target's hidden states (``speculative_method=eagle``).
+
+    Each sequence keeps a context in the head (:class:`~.context.EagleContext`, LRU over ``max_sequences``): the keys
+    and values of its pairs, extended every step with the hidden states the step brings (those of the positions the
+    previous step accepted) and cut back to the pairs whose ids are still committed (a rollback). A context that lost
+    pairs (a new sequence, an eviction, a step that did not reach this instance) starts again at the first position
+    whose hidden state the step brings: it costs acceptance, never correctness. The first step of a sequence (no hidden
+    states yet) gets no drafts.
+
+    A round's sequences share each forward: their new pairs' projections and MLP run as one packed batch, each
+    attends over its own context. k is capped by nothing but the request; a step stops drafting at the first slot
+    where (the product of its drafts' probabilities so far) x (the slot's top probability) falls below
+    ``min_token_prob``: the rule reads the distributions, never the sampled token, so rejection sampling stays exact.
+    A proposal's score is the sum of its drafts' running probabilities, the head's own estimate of the accepted count
+    (what hybrid compares with the suffix score).
+
+    Args:
+        model: the head (on its device and dtype).
+        vocab: its pruned vocabulary over the target's.
+        min_token_prob: the confidence under which a step stops drafting, in [0, 1].
+        max_sequences: contexts kept (LRU), >= 1.
+    """
+
+    name = "eagle"
+    Settings = EagleSettings
+    needs_hidden_states = True
+    GAUGES = {
+        "spec_decode_eagle_cache_sequences": "Sequences holding a context in the EAGLE head",
+        "spec_decode_eagle_cache_pairs": "Positions held in the EAGLE head's contexts",
+    }
+
+    def __init__(self, model: EagleHead, vocab: DraftVocab, min_token_prob: float = 0.0, max_sequences: int = 64):
+        self.model, self.vocab, self.min_token_prob = model, vocab, min_token_prob
+        self.max_sequences = max_sequences
+        self._contexts: SequenceLRU[EagleContext] = SequenceLRU(max_sequences)
+
+    @classmethod
+    def configured(cls, settings: EagleSettings) -> bool:
+        """Whether ``eagle_path`` names a head (``auto``: when ``make speculator`` has built it)."""
+        try:
+            return resolve_eagle_path(settings.eagle_path) is not None
+        except FileNotFoundError:
+            return False
+
+    @classmethod
+    def from_config(cls, settings: EagleSettings, served) -> EagleProposer | None:
+        """The head of ``eagle_path`` on the configured device, or None when there is none.
+
+        Raises:
+            FileNotFoundError: a folder without a head.
+        """
+        path = resolve_eagle_path(settings.eagle_path)
+        if path is None:
+            return None
+        device = resolve_device(settings.device)
+        model, vocab = EagleHead.load(path)
+        return cls(model.to(device=device, dtype=resolve_dtype(settings.dtype, device)), vocab,
+                   settings.eagle_min_token_prob, settings.max_sequences)
+
+    def check(self, request: ProposalRequest) -> None:
+        """A request's ids plus its k drafts must fit in the target's positions; its hidden states must be [m, H] with
+        H the target's hidden size, m below the number of committed ids (they are the states of the positions before
+        the last one), and finite.
+
+        Raises:
+            InvalidInputError: naming ``token_ids`` or ``context_hidden_states``.
+        """
+        limit = self.model.max_positions
+        if limit and len(request.token_ids) + request.k > limit:
+            raise InvalidInputError("token_ids", f"{len(request.token_ids)} tokens and {request.k} drafts; the target "
+                                    f"(and its EAGLE head) takes at most {limit} positions")
+        h = request.hidden_states
+        if h is None or not len(h):
+            return
+        size = self.model.hidden_size
+        if h.ndim != 2 or h.shape[1] != size or h.shape[0] >= len(request.token_ids):
+            raise InvalidInputError("context_hidden_states", f"must be [m, {size}] (the target's hidden states at "
+                                    f"the m < {len(request.token_ids)} positions before the last token), got "
+                                    f"{list(h.shape)}")
+        if not torch.isfinite(h).all():
+            raise InvalidInputError("context_hidden_states", "must be finite")
+
+    def _forward(self, rows: list[tuple[EagleContext, torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        """The layer over new pairs of several contexts (packed), each attending to its first ``length`` pairs and
+        causally to its new ones, whose keys and values are written after them (``length`` is left as it was).
+
+        Args:
+            rows: per context, (ctx, z [T, H] the new pairs' inputs, positions [T]).
+
+        Returns:
+            per context, the outputs [T, H].
+        """
+        m = self.model
+        q, k, v = m.project(torch.cat([z for _, z, _ in rows])[None], torch.cat([p for _, _, p in rows])[None])
+        atts, at = [], 0
+        for ctx, z, _ in rows:
+            t, c = z.shape[0], ctx.length
+            ctx.write(c, k[0, :, at : at + t], v[0, :, at : at + t])
+            mask = torch.ones(t, c + t, dtype=torch.bool, device=z.device).tril(c)[None, None]
+            atts.append(m.attend(q[:, :, at : at + t], ctx.keys[None, :, : c + t], ctx.values[None, :, : c + t], mask))
+            at += t
+        out = m.finish(torch.cat([z for _, z, _ in rows])[None], torch.cat(atts, 1))[0]
+        return list(out.split([z.shape[0] for _, z, _ in rows]))
+
+    def _extend(self, r: ProposalRequest, ctx: EagleContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cut ``ctx`` back to the pairs ``r`` still commits and return the inputs (z [T, H], positions [T]) of the
+        pairs to add, T >= 1 (the last pair, n - 1, is always recomputed: its output drafts)."""
+        m, ids = self.model, r.token_ids
+        n, first = len(ids) - 1, len(ids) - 1 - len(r.hidden_states)  # last committed index; first state's position
+        held = min(common_prefix_len(ctx.ids, ids) - 1 - ctx.start, ctx.length, n - 1 - ctx.start)
+        if ctx.length == 0 or held < 0 or ctx.start + held < first:  # pairs missing before the states: start over
+            ctx.start, held = first, 0
+        ctx.length, ctx.ids = held, list(ids)
+        lo = ctx.start + held
+        dev = m.head.device
+        features = r.hidden_states[lo - first :].to(device=dev, dtype=m.head.dtype)
+        tokens = torch.tensor(self.vocab.map_ids(ids[lo + 1 :]), device=dev)
+        return m.pair_inputs(features, tokens), torch.arange(lo, n, device=dev)
+
+    def _take_in(self, requests: list[ProposalRequest]) -> tuple[list[int], list[EagleContext], torch.Tensor | None]:
+        """Extend the contexts of the requests that bring hidden states with them (one packed forward).
+
+        Returns:
+            (their indices in ``requests``, their contexts, [B, H] the outputs of their last pairs, which draft
+            x_{n+1}; None when no request brings states).
+        """
+        live = [j for j, r in enumerate(requests) if r.hidden_states is not None and len(r.hidden_states)]
+        if not live:
+            return [], [], None
+        ctxs = [self._contexts.get(requests[j].seq_id, EagleContext) for j in live]
+        work = [(ctx, *self._extend(requests[j], ctx)) for j, ctx in zip(live, ctxs)]
+        outs = self._forward(work)
+        for ctx, (_, z, _) in zip(ctxs, work):
+            ctx.length += z.shape[0]
+        return live, ctxs, torch.stack([o[-1] for o in outs])
+
+    @torch.inference_mode()
+    def observe(self, requests: list[ProposalRequest]) -> None:
+        """Take in the hidden states of steps that another proposer drafts (hybrid's suffix steps), so that the
+        contexts stay whole: a context that misses a step starts again at the next one it sees, and drafts less well
+        (held out, 1.36 tokens per step drafting every slot when every step starts again, against 1.48)."""
+        self._take_in(requests)
+
+    @torch.inference_mode()
+    def propose(self, requests: list[ProposalRequest]) -> list[Proposal]:
+        """Per request with hidden states, up to k drafts; draft_probs [k', V] float32 (the request's sampling
+        transforms over the kept tokens, scattered back); score the sum of the drafts' running probabilities."""
+        vocab = self.vocab
+        live, ctxs, state = self._take_in(requests)
+        drafts: list[list[int]] = [[] for _ in requests]
+        rows: list[list[torch.Tensor]] = [[] for _ in requests]
+        score = [0.0] * len(requests)
+        if live:
+            touched = list(zip(live, ctxs))
+            running = [1.0] * len(live)  # the product of the row's drafts' probabilities so far
+            for i in range(max(requests[j].k for j in live)):
+                logits = self.model.logits(state)
+                keep, tokens = [], []
+                for row, j in enumerate(live):
+                    r = requests[j]
+                    tok, probs = draft_token(logits[row], r, NoisePurpose.EAGLE, i)
+                    if not confident(running[row], probs, self.min_token_prob):
+                        continue
+                    running[row] *= float(probs[tok])
+                    drafts[j].append(int(vocab.token_ids[tok]))
+                    rows[j].append(vocab.scatter(probs))
+                    score[j] += running[row]
+                    if len(drafts[j]) < r.k and running[row] >= self.min_token_prob:  # else no next slot can pass
+                        keep.append(row)
+                        tokens.append(tok)
+                if not keep:
+                    break
+                # the drafted pairs (own state, drafted token) at positions n + i; their keys go after the context's
+                # pairs for the next draft and are overwritten by the next step's true pairs
+                dev = state.device
+                z = self.model.pair_inputs(state[keep], torch.tensor(tokens, device=dev))
+                step_rows = []
+                for at, row in enumerate(keep):
+                    r, ctx = requests[live[row]], ctxs[row]
+                    step_rows.append((ctx, z[at : at + 1], torch.tensor([len(r.token_ids) - 1 + i], device=dev)))
+                state = torch.cat(self._forward(step_rows))
+                for ctx, *_ in step_rows:
+                    ctx.length += 1
+                live, ctxs, running = [live[row] for row in keep], [ctxs[row] for row in keep], \
+                    [running[row] for row in keep]
+            for j, ctx in touched:  # drop the drafted pairs: only the committed ones stay
+                ctx.length = len(requests[j].token_ids) - 1 - ctx.start
+        return [Proposal(torch.tensor(d, dtype=torch.int64), torch.stack(r), sc) if d else Proposal.empty()
+                for d, r, sc in zip(drafts, rows, score)]
+
+    def release(self, seq_id: int, final_token_ids: list[int] | None = None) -> None:
+        """Free the context of ``seq_id``."""
+        self._contexts.pop(seq_id)
+
+    def gauges(self) -> dict[str, float]:
+        """The head's contexts: sequences and positions held."""
+        return {"spec_decode_eagle_cache_sequences": len(self._contexts),
+                "spec_decode_eagle_cache_pairs": sum(c.length for c in self._contexts.values())}

@@ -1,0 +1,244 @@
+"""The wire format: every tensor of every model in the repository (name, Triton dtype, dims), and the scalar decoder.
+
+The one place that names the tensors. Each model's config.pbtxt must declare exactly what :data:`MODELS` says,
+and each ensemble's ``input_map``/``output_map`` must be what :func:`ensemble_maps` derives
+(``tests/unit/serving/test_wire.py`` holds every config.pbtxt to it). Step tensors (:data:`STEP`) have one dtype
+and shape wherever they appear; ``generate``'s client tensors (:data:`CLIENT`) follow the TensorRT-LLM and vLLM
+Triton backends' names. Dims are per row: batched models (``max_batch_size`` > 0) add the batch dimension in front.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..settings import InvalidInputError
+
+SPEC_STEP, SCORE_STEP = "spec_step", "score_step"  # the ensembles generate calls (score_step: rounds without drafts)
+STEP_PARTS = ("draft_model", "target_model", "verifier")  # the models the two ensembles run
+PAD_ID = -1  # pads rows of token-id tensors (never a token id)
+
+_NUMPY = {"BOOL": np.bool_, "INT32": np.int32, "INT64": np.int64, "UINT64": np.uint64, "FP32": np.float32,
+          "STRING": np.object_}
+_KINDS = {"BOOL": "biu", "INT32": "iu", "INT64": "iu", "UINT64": "iu", "FP32": "f", "STRING": "OSU"}
+_WHAT = {"BOOL": "BOOL", "INT32": "integer", "INT64": "integer", "UINT64": "integer", "FP32": "FP32",
+         "STRING": "string"}
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One input or output as config.pbtxt declares it.
+
+    Attributes:
+        name: the tensor's name.
+        dtype: Triton's data type without ``TYPE_`` (``BOOL``, ``INT32``, ``INT64``, ``UINT64``, ``FP32``, ``STRING``).
+        dims: per-row dims (-1: any length).
+        optional: an input the request may leave out.
+        ragged: ``allow_ragged_batch`` (requests' rows of different lengths are handed to ``execute`` unpadded).
+    """
+
+    name: str
+    dtype: str
+    dims: tuple[int, ...]
+    optional: bool = False
+    ragged: bool = False
+
+    @property
+    def numpy_dtype(self) -> type:
+        """The numpy dtype the tensor travels as (``object`` for STRING: bytes)."""
+        return _NUMPY[self.dtype]
+
+
+def _table(*tensors: Tensor) -> dict[str, Tensor]:
+    return {t.name: t for t in tensors}
+
+
+# Every step tensor, one dtype and shape wherever it appears ([1] per row: one value per sequence).
+STEP: dict[str, Tensor] = _table(
+    Tensor("sequence_id", "UINT64", (1,)),
+    Tensor("token_ids", "INT64", (-1,)),  # committed ids, rows padded with PAD_ID
+    Tensor("num_draft_tokens", "INT32", (1,)),
+    Tensor("speculative_method", "STRING", (1,)),
+    Tensor("temperature", "FP32", (1,)),
+    Tensor("top_k", "INT32", (1,)),
+    Tensor("top_p", "FP32", (1,)),
+    Tensor("random_seed", "INT64", (1,)),
+    Tensor("seeded", "BOOL", (1,)),  # the seed came from the client: drafts depend on the request alone
+    Tensor("step", "INT64", (1,)),
+    Tensor("release", "BOOL", (1,)),  # end the sequence: free its caches
+    Tensor("acceptance_method", "STRING", (1,)),
+    Tensor("context_hidden_states", "FP32", (-1, -1)),  # [m, H] the target's states before the last token
+    Tensor("num_context_hidden_states", "INT32", (1,)),
+    Tensor("draft_token_ids", "INT64", (-1,)),  # [k]
+    Tensor("draft_probs", "FP32", (-1, -1)),  # [k, V], or [0, 0] without draft probabilities
+    Tensor("target_probs", "FP32", (-1, -1)),  # [k+1, V]
+    Tensor("hidden_states", "FP32", (-1, -1)),  # [k+1, H] the target's last hidden states
+    Tensor("output_ids", "INT64", (-1,)),  # [n] accepted drafts, then the recovered or bonus token
+    Tensor("output_log_probs", "FP32", (-1,)),
+)
+
+# generate's client tensors (TensorRT-LLM / vLLM backend names).
+CLIENT: dict[str, Tensor] = _table(
+    Tensor("text_input", "STRING", (1,)),
+    Tensor("max_tokens", "INT32", (1,)),
+    Tensor("temperature", "FP32", (1,), optional=True),
+    Tensor("top_p", "FP32", (1,), optional=True),
+    Tensor("top_k", "INT32", (1,), optional=True),
+    Tensor("random_seed", "UINT64", (1,), optional=True),
+    Tensor("stop_words", "STRING", (-1,), optional=True),
+    Tensor("end_id", "INT32", (1,), optional=True),
+    Tensor("stream", "BOOL", (1,), optional=True),
+    Tensor("exclude_input_in_output", "BOOL", (1,), optional=True),
+    Tensor("return_log_probs", "BOOL", (1,), optional=True),
+    Tensor("ignore_eos", "BOOL", (1,), optional=True),
+    Tensor("num_draft_tokens", "INT32", (1,), optional=True),
+    Tensor("speculative_method", "STRING", (1,), optional=True),
+    Tensor("acceptance_method", "STRING", (1,), optional=True),
+    # outputs
+    Tensor("text_output", "STRING", (-1,)),
+    Tensor("output_ids", "INT32", (-1,)),
+    Tensor("output_log_probs", "FP32", (-1,)),
+    Tensor("cum_log_probs", "FP32", (1,)),
+    Tensor("num_steps", "INT32", (1,)),
+    Tensor("num_draft_tokens_total", "INT32", (1,)),
+    Tensor("num_accepted_tokens", "INT32", (1,)),
+    Tensor("num_emitted_tokens", "INT32", (1,)),
+    Tensor("finish_reason", "STRING", (1,)),
+)
+
+
+def _pick(table: dict[str, Tensor], names: str, optional: str = "", ragged: str = "") -> tuple[Tensor, ...]:
+    """The tensors named (space-separated) in ``names``, with the flags of those in ``optional`` and ``ragged``."""
+    opt, rag = set(optional.split()), set(ragged.split())
+    return tuple(replace(table[n], optional=n in opt or table[n].optional, ragged=n in rag) for n in names.split())
+
+
+@dataclass(frozen=True)
+class ModelWire:
+    """A model's tensors as its config.pbtxt declares them.
+
+    Attributes:
+        inputs: its inputs, in config order.
+        outputs: its outputs, in config order.
+        steps: for an ensemble, the models it runs in order (their maps: :func:`ensemble_maps`); else empty.
+    """
+
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+    steps: tuple[str, ...] = ()
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        """The inputs' names, in config order."""
+        return tuple(t.name for t in self.inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        """The outputs' names, in config order."""
+        return tuple(t.name for t in self.outputs)
+
+
+_DRAFT_IN = ("sequence_id token_ids num_draft_tokens speculative_method temperature top_k top_p random_seed seeded "
+             "step release context_hidden_states num_context_hidden_states")
+_TARGET_IN = "sequence_id token_ids draft_token_ids temperature top_k top_p release"
+_VERIFIER_IN = "target_probs draft_token_ids draft_probs temperature random_seed step acceptance_method"
+
+MODELS: dict[str, ModelWire] = {
+    "generate": ModelWire(
+        _pick(CLIENT, "text_input max_tokens temperature top_p top_k random_seed stop_words end_id stream "
+                      "exclude_input_in_output return_log_probs ignore_eos num_draft_tokens speculative_method "
+                      "acceptance_method"),
+        _pick(CLIENT, "text_output output_ids output_log_probs cum_log_probs num_steps num_draft_tokens_total "
+                      "num_accepted_tokens num_emitted_tokens finish_reason")),
+    "draft_model": ModelWire(
+        _pick(STEP, _DRAFT_IN, optional="seeded context_hidden_states num_context_hidden_states",
+              ragged="token_ids context_hidden_states"),
+        _pick(STEP, "draft_token_ids draft_probs")),
+    "target_model": ModelWire(
+        _pick(STEP, _TARGET_IN, ragged="token_ids draft_token_ids"),
+        _pick(STEP, "target_probs hidden_states")),
+    "verifier": ModelWire(
+        _pick(STEP, _VERIFIER_IN),
+        _pick(STEP, "output_ids output_log_probs")),
+    SPEC_STEP: ModelWire(
+        _pick(STEP, "sequence_id token_ids num_draft_tokens speculative_method temperature top_k top_p random_seed "
+                    "seeded step release acceptance_method context_hidden_states num_context_hidden_states",
+              optional="context_hidden_states num_context_hidden_states"),
+        _pick(STEP, "output_ids output_log_probs hidden_states draft_token_ids"),
+        steps=("draft_model", "target_model", "verifier")),
+    SCORE_STEP: ModelWire(
+        _pick(STEP, "sequence_id token_ids draft_token_ids draft_probs temperature top_k top_p random_seed step "
+                    "release acceptance_method"),
+        _pick(STEP, "output_ids output_log_probs hidden_states"),
+        steps=("target_model", "verifier")),
+}
+
+DRAFT_MODEL_INPUTS = MODELS["draft_model"].input_names
+TARGET_MODEL_INPUTS = MODELS["target_model"].input_names
+VERIFIER_INPUTS = MODELS["verifier"].input_names
+GENERATE_INPUTS = MODELS["generate"].input_names
+
+
+def ensemble_maps(ensemble: str) -> list[tuple[str, dict[str, str], dict[str, str]]]:
+    """Each step of an ensemble as (model, input_map, output_map), by one rule: a step's output keeps its name when it
+    is an output of the ensemble, else it becomes ``_<name>`` (internal); a step's input is fed by the latest earlier
+    step's output of that name, else by the ensemble's input of that name.
+
+    Raises:
+        KeyError: ``ensemble`` is not an ensemble of :data:`MODELS`, or a step input has no source.
+    """
+    wire = MODELS[ensemble]
+    if not wire.steps:
+        raise KeyError(f"{ensemble} is not an ensemble")
+    produced: dict[str, str] = {}
+    out = []
+    for model in wire.steps:
+        step = MODELS[model]
+        inputs = {}
+        for name in step.input_names:
+            if name in produced:
+                inputs[name] = produced[name]
+            elif name in wire.input_names:
+                inputs[name] = name
+            else:
+                raise KeyError(f"{ensemble}: input {name!r} of {model} has no source")
+        outputs = {name: name if name in wire.output_names else f"_{name}" for name in step.output_names}
+        produced.update(outputs)
+        out.append((model, inputs, outputs))
+    return out
+
+
+_REQUIRED = object()
+
+
+def scalar(inputs: Mapping, name: str, default=_REQUIRED, tensors: Mapping[str, Tensor] = STEP):
+    """The one value of a [1] input, checked against its wire dtype: the scalar decoder of every model.
+
+    Args:
+        inputs: input name -> numpy array, or torch tensor for an input left on the GPU.
+        name: the input's name in ``tensors``.
+        default: returned when the input is absent; without one, an absent input is an error.
+        tensors: :data:`STEP` (the step models') or :data:`CLIENT` (generate's).
+
+    Returns:
+        The element as numpy delivers it (``np.int64``, ``np.float32``, ``np.bool_``, bytes or str).
+
+    Raises:
+        InvalidInputError: a required input that is absent, more than one value, or a dtype of another kind (naming
+            the input and what it must be).
+    """
+    value = inputs.get(name)
+    if value is None:
+        if default is _REQUIRED:
+            raise InvalidInputError(name, f"required ({tensors[name].dtype} [1])")
+        return default
+    spec = tensors[name]
+    arr = np.asarray(value.cpu() if hasattr(value, "cpu") else value)
+    what = _WHAT[spec.dtype]
+    if arr.size != 1:
+        raise InvalidInputError(name, f"expected one {what} value, got shape {list(arr.shape)}")
+    if arr.dtype.kind not in _KINDS[spec.dtype]:
+        raise InvalidInputError(name, f"expected {what}, got dtype {arr.dtype}")
+    return arr.reshape(-1)[0]

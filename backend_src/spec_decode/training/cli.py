@@ -1,0 +1,156 @@
+"""The training tools' shared command line: their data options, the run's folders and target, publishing the result.
+
+``make draft`` (:mod:`.draft`) and ``make speculator`` (:mod:`.speculator`) take the same data options
+(:func:`add_data_arguments`), start the same way (:func:`start_run`), build the same data (:func:`training_data`: the
+corpus, the target's passes over it, the held-out evaluation) and publish their folder the same way (:func:`publish`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .teacher import Teacher, cached_teacher, greedy_continuations, teacher_dtype
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainingData:
+    """What ``make draft`` and ``make speculator`` learn from and are evaluated on (:func:`training_data`).
+
+    Attributes:
+        corpus: the training corpus (:class:`spec_decode.corpus.Corpus`).
+        teacher: the target's outputs over ``corpus.sequences``.
+        eval_sequences: per held-out HumanEval task, prompt ids + the target's greedy continuation.
+        eval_prompt_lens: their prompts' lengths in tokens.
+        eval_teacher: the target's outputs over ``eval_sequences``.
+    """
+
+    corpus: object
+    teacher: Teacher
+    eval_sequences: list[list[int]]
+    eval_prompt_lens: list[int]
+    eval_teacher: Teacher
+
+
+def training_data(target, target_dir: Path, tok, cache: Path, *, stdlib_tokens: int, seq_len: int, seed: int,
+                  humaneval_tasks: int, eval_prompts: int, eval_tokens: int, phases: int,
+                  dtype: str = "auto") -> TrainingData:
+    """The training tools' phases 1 and 2 (of ``phases``, logged): the corpus, the target's passes over it (cached
+    under ``cache``; the corpus' in ``dtype``, as :func:`teacher_dtype` reads it) and the held-out tasks
+    0..``eval_prompts``-1 continued greedily by the target, with its passes (in the target's own dtype, float32 as it
+    is served on CPU, so the held-out metrics read what the server computes).
+
+    Raises:
+        ValueError: ``eval_prompts`` outside [1, HELD_OUT], or an unknown ``dtype``.
+    """
+    from .corpus import HELD_OUT, heldout_tasks, training_corpus
+
+    if not 1 <= eval_prompts <= HELD_OUT:
+        raise ValueError(f"--eval-prompts must be in [1, {HELD_OUT}], got {eval_prompts}")
+    logger.info("phase 1/%d: corpus (standard library up to %d tokens, HumanEval tasks from %d)", phases,
+                stdlib_tokens, HELD_OUT)
+    corpus = training_corpus(tok, stdlib_tokens, seq_len, seed, humaneval_tasks)
+    logger.info("  %d sequences, %d tokens, %d standard-library files", len(corpus.sequences), corpus.tokens,
+                len(corpus.files))
+    corpus_dtype = teacher_dtype(dtype, next(target.parameters()).device)
+    logger.info("phase 2/%d: the target's hidden states (%s)", phases, str(corpus_dtype).removeprefix("torch."))
+    same = corpus_dtype == next(target.parameters()).dtype
+    teacher_model = target if same else copy.deepcopy(target).to(corpus_dtype)
+    teacher = cached_teacher(teacher_model, target_dir, corpus.sequences, cache)
+    del teacher_model
+    tasks = heldout_tasks(eval_prompts)
+    eval_seqs = greedy_continuations(target, tok, [t["prompt"] for t in tasks], eval_tokens, cache=cache)
+    eval_lens = [len(tok(t["prompt"])["input_ids"]) for t in tasks]
+    eval_teacher = cached_teacher(target, target_dir, eval_seqs, cache)
+    return TrainingData(corpus, teacher, eval_seqs, eval_lens, eval_teacher)
+
+
+@dataclass
+class TrainingRun:
+    """A training tool's folders and target (:func:`start_run`).
+
+    Attributes:
+        out: the folder the tool writes (atomically, at the end).
+        work: ``<out>.work``, its checkpoints.
+        target_dir: the target's folder.
+        tokenizer: the target's tokenizer.
+        target: the target (float32 on CPU, eval mode).
+        cache: where the teacher's passes are kept.
+    """
+
+    out: Path
+    work: Path
+    target_dir: Path
+    tokenizer: object
+    target: torch.nn.Module
+    cache: Path
+
+
+def start_run(output: Path | None, default_output: Path, target: str, seed: int, fresh: bool,
+              teacher_cache: Path | None) -> TrainingRun:
+    """Make the work folder (emptied when ``fresh``), seed torch, and load the target (``"default"``: the embedded
+    one, converted on first use) and its tokenizer.
+
+    Raises:
+        FileNotFoundError: a target folder without a model.
+    """
+    from ..engine.model_loading import cache_dir, load_causal_lm, load_tokenizer, prepare_default_model
+
+    out = Path(output or default_output).expanduser()
+    work = out.with_name(out.name + ".work")
+    if fresh and work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    target_dir = prepare_default_model() if target == "default" else Path(target)
+    model = load_causal_lm(target_dir, torch.device("cpu"), torch.float32).eval()
+    return TrainingRun(out, work, target_dir, load_tokenizer(target_dir), model,
+                       teacher_cache or cache_dir() / "teacher")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` of ``make draft``/``make speculator``: each option's default, except unset ones (None, False)."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default in (None, False) else super()._get_help_string(action)
+
+
+def publish(tmp: Path, out: Path) -> None:
+    """Move the finished folder ``tmp`` to ``out``, replacing an older one: the old folder is first renamed aside
+    (``<out>.old``), so ``out`` is never half-written (only missing between two renames), and removed last."""
+    old = out.with_name(out.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def add_data_arguments(ap) -> None:
+    """The command-line options ``make draft`` and ``make speculator`` share (the target, the corpus, the teacher,
+    the held-out evaluation, the seed), added to the ``argparse.ArgumentParser`` ``ap``."""
+    from .corpus import DEFAULT_STDLIB_TOKENS
+
+    ap.add_argument("--target", default="default", help="target folder ('default' = embedded SmolLM2-135M-Instruct)")
+    ap.add_argument("--stdlib-tokens", type=int, default=DEFAULT_STDLIB_TOKENS,
+                    help="standard-library tokens to learn from")
+    ap.add_argument("--humaneval-tasks", type=int, default=144, help="HumanEval training tasks (20.. on) to learn from")
+    ap.add_argument("--teacher-cache", type=Path, default=None,
+                    help="where the target's passes are kept (default $SPEC_DECODE_CACHE/teacher)")
+    ap.add_argument("--teacher-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                    help="dtype of the target's pass over the corpus (auto: bfloat16 where the CPU multiplies it "
+                         "natively)")
+    ap.add_argument("--eval-prompts", type=int, default=10, help="held-out HumanEval tasks continued for evaluation")
+    ap.add_argument("--eval-tokens", type=int, default=128, help="target continuation length per held-out task")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the corpus order, the batches and the init")
+    ap.add_argument("--fresh", action="store_true", help="ignore the work folder's checkpoint")
