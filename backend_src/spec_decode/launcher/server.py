@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             server.wait_ready()
         except RuntimeError as e:  # a model failed to load (e.g. a config parameter out of range)
-            print(f"spec_decode.server: {str(e).splitlines()[0]} before every model was ready; tritonserver's log "
+            print(f"spec_decode.launcher: {str(e).splitlines()[0]} before every model was ready; tritonserver's log "
                   f"above names the model that failed to load and why (look for 'failed to load' and 'config "
                   f"parameter')", file=sys.stderr, flush=True)
             return 1
