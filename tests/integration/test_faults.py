@@ -23,7 +23,7 @@ from tritonclient.utils import InferenceServerException
 from client.generate import stream_generate
 from client.metrics import value, wait_for
 from spec_decode.launcher import DEFAULT_REPOSITORY, MODELS, TritonServer
-from spec_decode.launcher.healer import stub_processes
+from spec_decode.launcher.processes import stub_processes
 
 STREAM_TOKENS = 400  # long enough to be in flight for the whole test of one kill
 RUNNING = "spec_decode_running_sequences"

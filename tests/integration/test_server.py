@@ -285,7 +285,7 @@ def test_launcher_exits_non_zero_and_says_why_when_tritonserver_dies(tmp_path):
                                     text=True).stdout.split()
         assert len(server_pid) == 1, server_pid
         from spec_decode.launcher import DEFAULT_REPOSITORY
-        from spec_decode.launcher.healer import stub_processes
+        from spec_decode.launcher.processes import stub_processes
 
         stubs = stub_processes(int(server_pid[0]), DEFAULT_REPOSITORY)
         assert len(stubs) == 4, stubs

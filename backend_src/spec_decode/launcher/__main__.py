@@ -1,7 +1,113 @@
-"""``python -m spec_decode.launcher``: serve the model repository (what ``make serve`` runs)."""
+"""The launcher's command line: serve the model repository with tritonserver until interrupted.
 
+``python -m spec_decode.launcher`` is what ``make serve`` and the Docker image run. It prepares the default model,
+starts tritonserver (the one on PATH, or the embedded one from nvidia-pytriton) on HOST (default 127.0.0.1) with
+HTTP_PORT, GRPC_PORT and METRICS_PORT (defaults 8000, 8001, 8002), waits until every model is READY, prints the ports,
+the speculative methods served and a client command, and serves until Ctrl-C or SIGTERM, healing model processes that
+die. docs/deployment.md covers health checks, faults and healing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
 import sys
+from pathlib import Path
+from types import FrameType
+from typing import NoReturn
 
-from .server import main
+from ..engine.model_loading import prepare_default_model
+from .repository import DEFAULT_REPOSITORY, draft_overrides, prepare_repository, served_methods
+from .server import TritonServer
 
-sys.exit(main())
+
+def main(argv: list[str] | None = None) -> int:
+    """Prepare the model, start tritonserver, print the ports once every model is READY, serve until stopped.
+
+    While serving, a model process that dies is brought back (:class:`~spec_decode.launcher.healer.Healer`).
+
+    Args:
+        argv: the command-line arguments (default ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0 after Ctrl-C or SIGTERM (tritonserver is stopped first); 1 when a model fails to load
+        (tritonserver's log names it and why); when tritonserver dies by itself, or the healer could not restart it,
+        the non-zero status of :func:`exit_status`.
+    """
+    ap = argparse.ArgumentParser(prog="python -m spec_decode.launcher", description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
+    ap.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
+    ap.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
+    ap.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
+    ap.add_argument("--draft-model", default=os.environ.get("DRAFT_MODEL", ""),
+                    help="draft LM folder (or 'default' for the target itself) to enable speculative_method=draft")
+    ap.add_argument("--eagle-head", default=os.environ.get("EAGLE_HEAD", ""),
+                    help="EAGLE head folder (make speculator --output) to serve as speculative_method=eagle in place "
+                         "of the default one")
+    ap.add_argument("--log-verbose", type=int, default=0)
+    ap.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"),
+                    help="address to listen on (0.0.0.0 in a container)")
+    args = ap.parse_args(argv)
+
+    prepare_default_model()
+
+    # kill, systemd, supervisors: stop tritonserver too, as Ctrl-C does
+    def _terminate(signum: int, frame: FrameType | None) -> NoReturn:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)
+    overrides = draft_overrides(args.draft_model) if args.draft_model else {}
+    if args.eagle_head:
+        overrides.setdefault("draft_model", {})["eagle_path"] = args.eagle_head
+    repo = prepare_repository(overrides, args.model_repository)
+    server = TritonServer(repo, args.http_port, args.grpc_port, args.metrics_port, log_verbose=args.log_verbose,
+                          host=args.host)
+    server.start()
+    try:
+        try:
+            server.wait_ready()
+        except RuntimeError as e:  # a model failed to load (e.g. a config parameter out of range)
+            print(f"spec_decode.launcher: {str(e).splitlines()[0]} before every model was ready; tritonserver's log "
+                  f"above names the model that failed to load and why (look for 'failed to load' and 'config "
+                  f"parameter')", file=sys.stderr, flush=True)
+            return 1
+        print(
+            f"\nAll models READY.\n  HTTP    http://{server.http_url}\n  gRPC    {server.grpc_url}\n"
+            f"  metrics http://{server.metrics_url}/metrics\n  speculative_method: {served_methods(repo)}\n\nTry:\n"
+            f"  .venv/bin/python -m client.generate --url {server.grpc_url} --humaneval 1 --max-tokens 128\n",
+            flush=True,
+        )
+        return exit_status(server.wait())
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.stop()
+
+
+def exit_status(code: int) -> int:
+    """The launcher's exit status when tritonserver exited by itself (not by Ctrl-C or SIGTERM to the launcher), with
+    the reason printed to stderr.
+
+    Args:
+        code: ``Popen.returncode`` of tritonserver (negative: killed by that signal).
+
+    Returns:
+        Never 0, so that a supervisor (systemd ``Restart=on-failure``, Kubernetes) restarts the whole server: ``code``
+        for an exit with a non-zero code, 1 for an exit with 0, 128 + the signal number for a kill.
+    """
+    if code < 0:
+        try:
+            why = f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            why = f"killed by signal {-code}"
+        status = 128 - code
+    else:
+        why, status = f"exited with code {code}", code or 1
+    print(f"tritonserver {why} while serving; the launcher exits with status {status} so that a supervisor restarts "
+          f"it", file=sys.stderr, flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

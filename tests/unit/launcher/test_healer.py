@@ -12,14 +12,9 @@ from pathlib import Path
 import pytest
 
 from spec_decode.launcher import DEFAULT_REPOSITORY, TritonServer
-from spec_decode.launcher.healer import (
-    DiedWhileLoading,
-    Healer,
-    LoadWatch,
-    decoupled_models,
-    python_models,
-    stub_processes,
-)
+from spec_decode.launcher.healer import DiedWhileLoading, Healer, LoadWatch
+from spec_decode.launcher.processes import stub_processes
+from spec_decode.launcher.repository import decoupled_models, python_models
 
 SLEEPER = "import time; time.sleep(120)"
 

@@ -1,0 +1,98 @@
+"""The model repository the launcher serves: its models, copies with config parameters overridden, and what its
+configs say (the speculative methods offered, which models are decoupled, which run in Python-backend processes).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from functools import partial
+from pathlib import Path
+
+MODELS = ("generate", "spec_step", "score_step", "draft_model", "target_model", "verifier")
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
+
+_PARAM = r'(parameters:\s*\{{\s*key:\s*"{key}"\s*value:\s*\{{\s*string_value:\s*)"[^"]*"'
+_DECOUPLED = re.compile(r"model_transaction_policy\s*\{[^}]*decoupled\s*:\s*true", re.S)
+_PYTHON = re.compile(r'^\s*backend\s*:\s*"python"', re.M)
+
+
+def _quoted_value(value: str, m: re.Match) -> str:
+    # re.subn replacement as a function, so that ``value`` is taken literally (no backslash escapes)
+    return m.group(1) + f'"{value}"'
+
+
+def prepare_repository(overrides: dict[str, dict[str, str]] | None = None, src: Path = DEFAULT_REPOSITORY) -> Path:
+    """The model repository to serve: ``src`` itself, or a copy with config parameters overridden.
+
+    Args:
+        overrides: model name -> {parameter key -> string value}, e.g. ``{"draft_model": {"draft_model_path": p}}``.
+        src: the repository to start from.
+
+    Returns:
+        ``src`` when there is nothing to override, else a new temporary folder (left for the caller to remove).
+
+    Raises:
+        KeyError: an override names a parameter that the model's config.pbtxt does not have.
+    """
+    if not overrides:
+        return src
+    dst = Path(tempfile.mkdtemp(prefix="spec_decode_repo_"))
+    shutil.copytree(src, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+    for model, params in overrides.items():
+        cfg = dst / model / "config.pbtxt"
+        text = cfg.read_text()
+        for key, value in params.items():
+            text, n = re.subn(_PARAM.format(key=re.escape(key)), partial(_quoted_value, value), text)
+            if n != 1:
+                raise KeyError(f"{model}/config.pbtxt has no parameter {key!r}")
+        cfg.write_text(text)
+    return dst
+
+
+def draft_overrides(draft_model_path: str) -> dict[str, dict[str, str]]:
+    """Config overrides (for :func:`prepare_repository`) that serve ``draft_model_path`` as the draft LM and enable
+    speculative_method=draft."""
+    return {
+        "draft_model": {"draft_model_path": draft_model_path},
+        "generate": {"draft_model_available": "true"},
+    }
+
+
+def served_methods(repo: Path) -> str:
+    """The ``speculative_method`` values that repository ``repo`` offers its clients, for the launcher's banner.
+
+    Computed as generate computes them, from draft_model's and generate's config parameters.
+
+    Returns:
+        The methods, comma-separated; ``?`` when the configs cannot be read, ``? (<why>)`` when they are invalid.
+    """
+    from ..proposers import offered_methods
+    from ..serving.adapter import sibling_parameters
+
+    own = {"model_repository": str(repo / "generate")}
+    draft, gen = sibling_parameters(own, "draft_model"), sibling_parameters(own, "generate")
+    if draft is None or gen is None:
+        return "?"
+    forced = gen.get("draft_model_available", "auto")
+    try:
+        return ", ".join(offered_methods(draft, None if forced == "auto" else forced == "true"))
+    except ValueError as e:
+        return f"? ({e})"
+
+
+def _config(cfg: Path) -> str:
+    # config.pbtxt without its comments
+    return "\n".join(line.split("#", 1)[0] for line in cfg.read_text().splitlines())
+
+
+def decoupled_models(repository: Path) -> set[str]:
+    """Names of the repository's models whose ``config.pbtxt`` sets ``model_transaction_policy { decoupled: true }``."""
+    return {cfg.parent.name for cfg in Path(repository).glob("*/config.pbtxt") if _DECOUPLED.search(_config(cfg))}
+
+
+def python_models(repository: Path) -> set[str]:
+    """Names of the repository's models served by the Python backend (``backend: "python"``): those with processes."""
+    return {cfg.parent.name for cfg in Path(repository).glob("*/config.pbtxt") if _PYTHON.search(_config(cfg))}
