@@ -1,6 +1,6 @@
 # make serve  - set everything up (first time) and serve the model repository on the embedded default model
 # make draft  - distil the draft LM from the target on the standard library's code and HumanEval's training tasks
-#               (cached under ~/.cache/spec_decode; served when present; see README "Trained proposers")
+#               (cached under ~/.cache/spec_decode; served when present; see docs/trained-proposers.md)
 # make speculator - train the EAGLE head (speculative_method=eagle) on the same data from the target's hidden states
 #               (cached under ~/.cache/spec_decode; served when present); each tool within 15 minutes on 2 cores;
 #               both do nothing when their folder exists (retrain: python -m spec_decode.training.speculator --fresh)
@@ -12,9 +12,11 @@
 #               HumanEval workload (two passes) through a fresh server per method with the speed goals, the forward
 #               cost against new positions (target and draft LM, with the roofline), the draft's cost, suffix decoding's
 #               cache at 10,000 cached responses, then the verifier (torch here; Triton kernels where CUDA is available)
+#               (each python -m bench.<name> from the repository root, and client.bench; docs/benchmarks.md)
 # make gpu-check - on a GPU machine (no network, nothing installed: python3 with torch, triton, transformers, numpy):
 #               the verifier's kernels against the torch path, their bandwidth, and speculative decoding on CUDA with a
-#               random ~1.2B Llama (bench/gpu_check.py; results/gpu_check.json). Without CUDA: its CPU mode, tiny sizes
+#               random ~1.2B Llama (python -m bench.gpu_check, docs/gpus.md; results/gpu_check.json). Without CUDA:
+#               its CPU mode, tiny sizes. PYTHONPATH=backend_src:. stands in for an install of the package
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
@@ -55,25 +57,25 @@ test-unit: lint
 
 bench: $(STAMP)
 	bash scripts/setup_bench.sh
-	$(PY) bench/serving.py --output results/serving.json
+	$(PY) -m bench.serving --output results/serving.json
 	$(PY) -m client.bench --output results/bench.json
-	$(PY) bench/forward_cost.py --output results/forward_cost.json
-	$(PY) bench/greedy_agreement.py --output results/greedy_agreement.json
-	$(PY) bench/draft_cost.py --output results/draft_cost.json
-	$(PY) bench/suffix_cache.py --output results/suffix_cache.json
-	$(PY) bench/verifier.py --output results/verifier.json
+	$(PY) -m bench.forward_cost --output results/forward_cost.json
+	$(PY) -m bench.greedy_agreement --output results/greedy_agreement.json
+	$(PY) -m bench.draft_cost --output results/draft_cost.json
+	$(PY) -m bench.suffix_cache --output results/suffix_cache.json
+	$(PY) -m bench.verifier --output results/verifier.json
 
 bench-serving: $(STAMP)
 	bash scripts/setup_bench.sh
-	$(PY) bench/serving.py --output results/serving.json
+	$(PY) -m bench.serving --output results/serving.json
 
 bench-verifier: $(STAMP)
-	$(PY) bench/verifier.py --output results/verifier.json
+	$(PY) -m bench.verifier --output results/verifier.json
 
 # Installs nothing (a GPU machine may have no network): the project's venv when there is one, else python3.
 GPU_CHECK_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 gpu-check:
-	$(GPU_CHECK_PY) bench/gpu_check.py --output results/gpu_check.json
+	PYTHONPATH=backend_src:. $(GPU_CHECK_PY) -m bench.gpu_check --output results/gpu_check.json
 
 client: $(STAMP)
 	$(PY) -m client.generate --url 127.0.0.1:$(GRPC_PORT) --humaneval 1 --max-tokens 128

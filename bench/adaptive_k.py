@@ -6,7 +6,7 @@ runs) with a fixed k and with the heuristic schedule (:class:`spec_decode.schedu
 fully accepted step, k -= 1 after a rejection). Fixed and adaptive runs alternate prompt by prompt, so machine noise
 hits both alike. Prints tokens/s, tokens per step and acceptance, saves JSON.
 
-Usage: python bench/adaptive_k.py --prompts 10 --max-tokens 128 --k 4 --max-k 8 [--draft PATH]
+Usage: python -m bench.adaptive_k --prompts 10 --max-tokens 128 --k 4 --max-k 8 [--draft PATH]
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import torch
 
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison; returns 0."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from client.datasets import humaneval_prompts
     from spec_decode.engine.kv_cache import CachedCausalLM
     from spec_decode.engine.model_loading import load_causal_lm, load_tokenizer, prepare_default_model

@@ -8,7 +8,7 @@ positions (:class:`spec_decode.engine.scorer.TargetScorer`). Target and draft ca
 both.
 Prints medians and ratios; saves JSON.
 
-Usage: python bench/draft_cost.py [--draft PATH] [--k 4] [--repeats 30]
+Usage: python -m bench.draft_cost [--draft PATH] [--k 4] [--repeats 30]
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import torch
 
 def main(argv: list[str] | None = None) -> int:
     """Measure and print the cost ratios; returns 0 (also when no draft exists: nothing to measure)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from client.datasets import humaneval_prompts
     from spec_decode.engine.draft_vocab import load_draft_vocab
     from spec_decode.engine.kv_cache import CachedCausalLM

@@ -19,7 +19,7 @@ measured side by side):
 
 Prints tables and the goals (any n <= 9 within 1.15x one position; one position within 1.3x the roofline), saves JSON.
 
-    python bench/forward_cost.py --output results/forward_cost.json
+    python -m bench.forward_cost --output results/forward_cost.json
 """
 
 from __future__ import annotations
@@ -33,10 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "backend_src"))
-
-import torch  # noqa: E402
+import torch
 
 NEW_POSITIONS = (1, 2, 3, 5, 9, 17)
 CACHE_LENGTHS = (300, 1500)
@@ -71,7 +68,12 @@ def weight_bytes(model) -> int:
 
 
 def draft_model(target, draft_dir: Path | None):
-    """The distilled draft (``draft_dir``), else the target's first 3 layers over an 8,192-token vocabulary."""
+    """The draft LM to time: the distilled draft (``draft_dir``), else the target's first 3 layers over an 8,192-token
+    vocabulary (untrained: timing does not depend on weights).
+
+    Returns:
+        (model in eval mode, float32 on the CPU; a description of which it is).
+    """
     from spec_decode.engine.draft_vocab import DraftVocab
     from spec_decode.engine.model_loading import load_causal_lm
     from spec_decode.engine.surgery import prune_vocabulary, truncated_copy
@@ -118,7 +120,14 @@ class _Engine:
 
 
 def time_single(variants: dict, vocab: int, repeats: int, gen: torch.Generator) -> dict:
-    """Median seconds per (variant, cache length, new positions), all interleaved."""
+    """Median seconds of one forward per (variant, cache length, new positions), every configuration interleaved
+    within each of ``repeats`` passes (after one warm-up pass).
+
+    Args:
+        variants: name -> callable(cache length, new token ids) running one forward (:class:`_Transformers`,
+            :class:`_Engine`).
+        vocab: new token ids are drawn from [0, ``vocab``) with ``gen``.
+    """
     times = {(v, c, n): [] for v in variants for c in CACHE_LENGTHS for n in NEW_POSITIONS}
     for rep in range(repeats + 1):
         for c in CACHE_LENGTHS:
@@ -133,7 +142,8 @@ def time_single(variants: dict, vocab: int, repeats: int, gen: torch.Generator) 
 
 
 def time_batched(lm, prompts: list[list[int]], vocab: int, repeats: int, gen: torch.Generator) -> dict:
-    """Median seconds of a ``logits_batch`` round per (sequences B, rows per sequence k+1)."""
+    """Median seconds of a ``logits_batch`` round of ``lm`` (a CachedCausalLM) per (sequences B, rows per sequence
+    k+1), over ``repeats`` passes after one warm-up pass; ``prompts`` (token ids) are cached first, one per sequence."""
     for i, ids in enumerate(prompts):
         lm.logits(1000 + i, ids, 1)
     times = {(b, r): [] for b in BATCH_SIZES for r in ROWS_PER_SEQUENCE}

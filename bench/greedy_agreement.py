@@ -1,16 +1,15 @@
 """Greedy agreement of the server's engine with transformers ``generate`` (``make bench``).
 
 The engine (:class:`spec_decode.engine.kv_cache.CachedCausalLM`: its own KV buffers, an explicit 4D mask and position
-ids)
-computes the same maths as transformers, but not necessarily in the same floating-point order, so logits can differ in
-the last bits; greedy decoding can then diverge where the top two logits are that close. For the held-out HumanEval
-prompts 0..N-1, up to M greedy tokens each, stopping at EOS (``min_new_tokens`` would make transformers mask EOS,
-which is not the same argmax walk): transformers ``generate(do_sample=False)`` against the engine's
-argmax walk (one position per step, as ``speculative_method=none`` serves), and the engine scoring transformers'
-tokens k+1 = 5 at a time (as a speculative step does). Reports per prompt the first position where they differ (if
-any) and the gap between the top two logits there; saves JSON.
+ids) computes the same maths as transformers, but not necessarily in the same floating-point order, so logits can
+differ in the last bits; greedy decoding can then diverge where the top two logits are that close. For the held-out
+HumanEval prompts 0..N-1, up to M greedy tokens each, stopping at EOS (``min_new_tokens`` would make transformers mask
+EOS, which is not the same argmax walk): transformers ``generate(do_sample=False)`` against the engine's argmax walk
+(one position per step, as ``speculative_method=none`` serves), and the engine scoring transformers' tokens k+1 = 5 at
+a time (as a speculative step does). Reports per prompt the first position where they differ (if any) and the gap
+between the top two logits there; saves JSON.
 
-    python bench/greedy_agreement.py --output results/greedy_agreement.json
+    python -m bench.greedy_agreement --output results/greedy_agreement.json
 """
 
 from __future__ import annotations
@@ -21,11 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "backend_src"))
-
-import torch  # noqa: E402
+import torch
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@ Synthetic data (seed 0): a 49,152-token vocabulary with Zipf weights 1/(r + 2.7)
 response has three 50-token spans copied from earlier responses (30%) between fresh Zipf tokens. Test requests copy
 spans the same way, so the global tree has something to match.
 
-Usage: python bench/suffix_cache.py [--responses 10000] [--length 500] [--python-responses 200] [--output PATH]
+Usage: python -m bench.suffix_cache [--responses 10000] [--length 500] [--python-responses 200] [--output PATH]
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ from pathlib import Path
 import numpy as np
 
 V, SPAN, N_COPY = 49152, 50, 3
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def rss_mb() -> float:
-    """Resident set size of this process (MB)."""
+    """Resident set size of this process in MiB (``VmRSS`` of /proc/self/status; NaN where there is none)."""
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith("VmRSS"):
@@ -50,9 +51,12 @@ class Data:
         self.rows: list[np.ndarray] = []
 
     def zipf(self, n: int) -> np.ndarray:
+        """``n`` fresh token ids (int64), Zipf-weighted."""
         return self.perm[np.searchsorted(self.cdf, self.rng.random(n), side="right").clip(0, V - 1)]
 
     def row(self, length: int, keep: bool = True) -> list[int]:
+        """A response of ``length`` token ids: fresh tokens with :data:`N_COPY` spans of :data:`SPAN` tokens copied
+        from earlier rows (the first row: fresh only); ``keep`` makes it a source for later rows."""
         if not self.rows:
             out = self.zipf(length)
         else:
@@ -73,7 +77,15 @@ class Data:
 
 
 def measure(backend: str, responses: int, length: int, bound: int, queries: int, k: int) -> dict:
-    """Fill, time speculate over decoding steps, and read memory for one engine."""
+    """Fill one engine's cache with ``responses`` responses of ``length`` tokens (``bound``: its
+    ``max_cached_requests``), time ``speculate`` (k drafts, with the update) over ``queries`` decoding steps of fresh
+    requests, and read the memory.
+
+    Returns:
+        dict: backend, responses, length, tokens, max_cached_requests, cached_requests, fill_s (seconds),
+        insert_us_per_token, rss_before_mb and rss_filled_mb (MiB), bytes_per_cached_token,
+        bytes_per_inserted_token, speculate_ms (median, p99, max), steps_timed, mean_draft_len (tokens).
+    """
     from spec_decode.proposers import SuffixProposer, SuffixSettings
 
     data = Data(0)
@@ -126,7 +138,6 @@ def measure(backend: str, responses: int, length: int, bound: int, queries: int,
 
 def main(argv: list[str] | None = None) -> int:
     """Measure both engines; print a table and save JSON."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from spec_decode.proposers.suffix import arctic_available
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -155,9 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     for backend, responses, bound in plan:
         print(f"{backend}: {responses} responses x {args.length} tokens into a cache bounded at {bound} "
               f"(own process) ...", flush=True)
-        out = subprocess.run([sys.executable, __file__, "--single", f"{backend},{responses},{bound}", "--length",
-                              str(args.length), "--queries", str(args.queries), "--k", str(args.k)],
-                             check=True, capture_output=True, text=True).stdout
+        # run from the repository root, where `-m bench.suffix_cache` finds this module
+        out = subprocess.run([sys.executable, "-m", "bench.suffix_cache", "--single", f"{backend},{responses},{bound}",
+                              "--length", str(args.length), "--queries", str(args.queries), "--k", str(args.k)],
+                             check=True, capture_output=True, text=True, cwd=ROOT).stdout
         runs.append(json.loads(out.strip().splitlines()[-1]))
 
     print(f"\nmax_tree_depth 64, k={args.k}; speculate timed over {args.queries} decoding steps "

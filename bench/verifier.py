@@ -1,6 +1,6 @@
 """Benchmark of the verifier: torch path and Triton kernels, with achieved memory bandwidth against the device's peak.
 
-    python bench/verifier.py [--quick] [--output results/verifier.json]
+    python -m bench.verifier [--quick] [--output results/verifier.json]
 
 For B in {1, 8, 64}, k in {1, 4, 8}, V in {32000, 49152, 128256} (float32, with draft probabilities), it times
 ``rejection_sample`` on each backend available (torch always; the Triton kernels where CUDA is available) and reports
@@ -21,9 +21,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backend_src"))
-
-from spec_decode.verifier import rejection_sample  # noqa: E402
+from spec_decode.verifier import rejection_sample
 
 
 def _sync(dev):

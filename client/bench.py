@@ -1,6 +1,6 @@
 """``make bench``: a repeated workload through the real server, beside in-process transformers, and the speed goals.
 
-In one run, for each speculative_method (none, ngram, suffix, draft, hybrid): start a fresh tritonserver on free
+In one run, for each speculative_method in ``proposers.registry.METHODS``: start a fresh tritonserver on free
 ports (empty caches, so no method profits from another's responses), stream N held-out HumanEval prompts (0..N-1,
 greedy, up to M new tokens, stopping at EOS as users do) twice: the second pass can hit suffix decoding's global cache
 of earlier responses. On the ``none`` server, also: the same prompts at concurrency 8, and the per-step time of each
@@ -264,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     from spec_decode.launcher import TritonServer, draft_overrides, prepare_repository
+    from spec_decode.proposers.registry import METHODS
     from spec_decode.settings import GenerateSettings
 
     from .datasets import humaneval_prompts
@@ -272,9 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=20, help="held-out HumanEval prompts 0..N-1 (default 20)")
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--methods", default="none,ngram,suffix,draft,eagle,hybrid",
-                    help="methods, a fresh server each (draft and eagle only when built; hybrid falls back to the "
-                         "EAGLE head when there is one, else n-gram lookup)")
+    ap.add_argument("--methods", default=",".join(METHODS),
+                    help="methods, a fresh server each (default: every registered one, %(default)s; draft and eagle "
+                         "only when built; hybrid falls back to the EAGLE head when there is one, else n-gram lookup)")
     ap.add_argument("--passes", type=int, default=2, help="times the prompt set is sent (default 2: repeated workload)")
     ap.add_argument("--num-draft-tokens", type=int, default=4)
     ap.add_argument("--draft-model", default=os.environ.get("DRAFT_MODEL", ""),

@@ -25,6 +25,14 @@ CACHE_GAUGES = ("spec_decode_running_sequences", "spec_decode_target_kv_cache_se
                 "spec_decode_suffix_active_requests")
 
 
+def model_free_methods() -> tuple[str, ...]:
+    """``none`` and every registered proposer that needs no model (no draft LM, no EAGLE head), in the registry's
+    order: what a server offers without either (:func:`spec_decode.proposers.registry.offered_methods`)."""
+    from spec_decode.proposers.registry import offered_methods
+
+    return offered_methods({"draft_model_path": "none", "eagle_path": "none"})
+
+
 def random_request(rng: random.Random, prompts: list[str], methods: tuple[str, ...], cancel_fraction: float,
                    max_tokens: tuple[int, int] = (4, 48)) -> dict:
     """One random request: generate inputs (``params``) and when to cancel it (``cancel_after``: None = never, an int
@@ -91,7 +99,7 @@ def send(url: str, req: dict, timeout_s: float = 300.0) -> dict:
 
 
 def run_soak(url: str, metrics_url: str, requests: int = 200, concurrency: int = 8, cancel_fraction: float = 0.3,
-             seed: int = 0, prompts: list[str] | None = None, methods=("none", "ngram", "suffix", "hybrid", "draft"),
+             seed: int = 0, prompts: list[str] | None = None, methods: tuple[str, ...] | None = None,
              rss=None, warmup: int = 40, settle_s: float = 60.0, max_tokens: tuple[int, int] = (4, 48)) -> dict:
     """Run the soak and report.
 
@@ -101,7 +109,8 @@ def run_soak(url: str, metrics_url: str, requests: int = 200, concurrency: int =
         cancel_fraction: the fraction cancelled by the client (after 1-3 responses, or 0.05-0.5 s without streaming).
         seed: seeds the random requests (the same seed sends the same requests).
         prompts: texts to draw from (default: the first 20 HumanEval prompts).
-        methods: speculative methods to draw from (the server must serve them).
+        methods: speculative methods to draw from (the server must serve them; default: :func:`model_free_methods`,
+            then the draft LM's ``draft``).
         rss: callable returning {process name: RSS bytes}, sampled after ``warmup`` requests and at the end (None =
             memory not measured).
         settle_s: how long to wait, at the end, for the server's running sequences and caches to reach zero.
@@ -116,6 +125,10 @@ def run_soak(url: str, metrics_url: str, requests: int = 200, concurrency: int =
         from .datasets import humaneval_prompts
 
         prompts = humaneval_prompts(20)
+    if methods is None:
+        from spec_decode.proposers.draft_lm import DraftModelProposer
+
+        methods = (*model_free_methods(), DraftModelProposer.name)
     rng = random.Random(seed)
     reqs = [random_request(rng, prompts, tuple(methods), cancel_fraction, max_tokens) for _ in range(requests)]
     results: list[dict | None] = [None] * requests
@@ -170,12 +183,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--cancel-fraction", type=float, default=0.3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--methods", default="none,ngram,suffix,hybrid", help="comma-separated (add draft when served)")
+    ap.add_argument("--methods", help="comma-separated (default: none and every proposer served without a model; "
+                                      "add draft or eagle when served)")
     ap.add_argument("--max-tokens", default="4,48", help="range of max_tokens drawn per request: lo,hi")
     ap.add_argument("--output", default="results/soak.json")
     args = ap.parse_args(argv)
     report = run_soak(args.url, args.metrics_url, args.requests, args.concurrency, args.cancel_fraction, args.seed,
-                      methods=tuple(args.methods.split(",")),
+                      methods=tuple(args.methods.split(",")) if args.methods else model_free_methods(),
                       max_tokens=tuple(int(x) for x in args.max_tokens.split(",")))
     print(json.dumps(report, indent=2))
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)

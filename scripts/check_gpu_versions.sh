@@ -35,4 +35,4 @@ print('>> python', sys.version.split()[0], 'torch', torch.__version__, 'triton',
 echo ">> unit tests"
 PYTHONPATH=backend_src:. "$VENV/bin/python" -m pytest tests/unit -q -p no:cacheprovider --timeout=900
 echo ">> make gpu-check, CPU mode"
-PYTHONPATH=backend_src "$VENV/bin/python" bench/gpu_check.py --device cpu --output results/gpu_check_gpu_versions_cpu.json
+PYTHONPATH=backend_src:. "$VENV/bin/python" -m bench.gpu_check --device cpu --output results/gpu_check_gpu_versions_cpu.json

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # genai-perf for `make bench`, in its own venv (.venv-genai-perf): genai-perf 0.0.16 pins packages the serving venv
 # must not take (and its PyPI "perf-analyzer" is a placeholder: it calls the perf_analyzer of tritonclient 2.49 that
-# scripts/setup.sh installs into .venv, put on PATH by bench/serving.py).
+# scripts/setup.sh installs into .venv, put on PATH by bench.serving).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${GENAI_PERF_VENV:-.venv-genai-perf}

@@ -1,16 +1,12 @@
 """Throughput under concurrency through the real server: lockstep rounds batch concurrent sequences into one forward,
 outputs stay those of solo runs, and the benchmark suite's perf_analyzer run works against generate."""
 
-import sys
 import threading
 import time
-from pathlib import Path
 
 from client.datasets import humaneval_prompts
 from client.generate import stream_generate
 from client.metrics import scrape, value
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 
 def _batching(server, model):
@@ -59,9 +55,9 @@ def test_concurrent_streams_step_in_rounds_that_share_one_target_forward(server)
 
 
 def test_perf_analyzer_streams_generate_and_the_suite_reads_its_export(server, tmp_path):
-    """bench/serving.py's perf_analyzer run (gRPC, --streaming, concurrency 2) and the figures parsed from its
-    profile export: every token of every request counted, one response per step."""
-    from serving import run_perf_analyzer
+    """The serving suite's perf_analyzer run (bench.perf_tools; gRPC, --streaming, concurrency 2) and the figures
+    parsed from its profile export: every token of every request counted, one response per step."""
+    from bench.perf_tools import run_perf_analyzer
 
     row = run_perf_analyzer(server.grpc_url, humaneval_prompts(3), "suffix", 4, 2, 4, 10, tmp_path)
     assert row["requests"] == 4 and row["tokens"] == 4 * 10  # ignore_eos: exactly max_tokens each

@@ -123,14 +123,9 @@ def test_evaluate_steps_drafts_as_live_greedy_decoding():
 
 def test_full_vocab_draft_for_assisted_generation_proposes_what_the_served_draft_proposes(tiny_draft, real_model_dir,
                                                                                          real_tokenizer):
-    """bench/serving.py's assisted-generation baseline uses the same draft: its greedy tokens equal the served
+    """bench.serving's assisted-generation baseline uses the same draft: its greedy tokens equal the served
     DraftModelProposer's greedy drafts (pruned vocabulary scattered back to the target's)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    from serving import full_vocab_draft
-
+    from bench.serving import full_vocab_draft
     from spec_decode.engine.draft_vocab import load_draft_vocab
     from spec_decode.engine.kv_cache import CachedCausalLM
     from spec_decode.engine.model_loading import load_causal_lm

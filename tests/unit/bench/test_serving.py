@@ -1,13 +1,12 @@
-"""bench/serving.py's parsing of perf_analyzer exports and its goals table (the runs themselves are integration)."""
+"""bench.serving's parsing of perf_analyzer exports (bench.perf_tools) and its goals table (the runs themselves are
+integration)."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from serving import goals, parse_profile_export  # noqa: E402
+from bench.perf_tools import parse_profile_export
+from bench.serving import goals
 
 S = 1_000_000_000  # ns
 
@@ -62,7 +61,6 @@ def test_goals_compare_rows_of_the_same_run():
 
 def test_make_bench_goals_use_pass_one_per_prompt_ratios_and_concurrency():
     """client/bench.py's goals: ratios of pass-1 rows, the worst per-prompt ratio against none, c8 against c1."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from client.bench import goals as bench_goals
     from client.bench import stages
 

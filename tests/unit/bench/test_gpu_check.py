@@ -1,24 +1,27 @@
-"""bench/gpu_check.py (``make gpu-check``): its CPU mode runs every part and passes, and its checks can fail."""
+"""bench.gpu_check (``make gpu-check``): its CPU mode runs every part and passes, and its checks can fail."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench" / "gpu_check.py"
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_cpu_mode_runs_every_part_and_every_method_equals_plain_greedy(tmp_path):
     out = tmp_path / "gpu_check.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--output", str(out)],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    # as `make gpu-check` runs it on a GPU machine: the tree on PYTHONPATH, nothing installed needed
+    path = [str(ROOT / "backend_src"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--device", "cpu", "--output", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     res = json.loads(out.read_text())
     assert res["mode"] == "cpu" and res["passed"] and res["complete"] and not res["failures"]
@@ -37,37 +40,36 @@ def test_cpu_mode_runs_every_part_and_every_method_equals_plain_greedy(tmp_path)
 
 
 @pytest.fixture
-def gpu_check(monkeypatch):
-    spec = importlib.util.spec_from_file_location("gpu_check_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    monkeypatch.setattr(mod, "FAILURES", [])
-    monkeypatch.setattr(mod, "VOCABS", (37,))
-    monkeypatch.setattr(mod, "KS", (2,))
-    monkeypatch.setattr(mod, "BATCHES", (3,))
-    monkeypatch.setattr(mod, "DTYPES", (torch.float32,))
-    return mod
+def gpu_check():
+    """The kernels part's module and a CPU context at one small size (the kernels run interpreted: conftest)."""
+    from bench.gpu_check import kernels
+    from bench.gpu_check.context import TINY, Context
+
+    sizes = replace(TINY, vocabs=(37,), ks=(2,), batches=(3,), dtypes=(torch.float32,))
+    return kernels, Context(torch.device("cpu"), sizes)
 
 
 def test_a_kernel_that_disagrees_with_the_torch_path_fails_the_check(gpu_check, monkeypatch):
-    real = gpu_check.rejection_torch
+    kernels, ctx = gpu_check
+    real = kernels.rejection_torch
 
     def off_by_one(tp, ids, dp, seeds, greedy, noise):
         out = real(tp, ids, dp, *noise, greedy)
         out[0, 0] = (out[0, 0] + 1) % tp.shape[-1]
         return out
 
-    monkeypatch.setattr(gpu_check, "rejection_triton", off_by_one)
-    gpu_check.kernels_vs_torch()
-    assert any("kernel != torch" in f for f in gpu_check.FAILURES)
+    monkeypatch.setattr(kernels, "rejection_triton", off_by_one)
+    kernels.kernels_vs_torch(ctx)
+    assert any("kernel != torch" in f for f in ctx.failures)
 
 
 def test_a_biased_sampler_fails_the_distribution_test(gpu_check, monkeypatch):
-    real = gpu_check.rejection_sample
+    kernels, ctx = gpu_check
+    real = kernels.rejection_sample
 
     def always_argmax(tp, ids, dp, seeds=None, is_greedy=None, backend="auto"):  # not the target's distribution
         return real(tp, ids, dp, is_greedy=torch.ones(tp.shape[0], dtype=torch.bool), backend="torch")
 
-    monkeypatch.setattr(gpu_check, "rejection_sample", always_argmax)
-    gpu_check.distribution()
-    assert any("distribution" in f and "p-value" in f for f in gpu_check.FAILURES)
+    monkeypatch.setattr(kernels, "rejection_sample", always_argmax)
+    kernels.distribution(ctx)
+    assert any("distribution" in f and "p-value" in f for f in ctx.failures)

@@ -1,0 +1,1 @@
+"""Benchmarks and the GPU check, run from the repository root as ``python -m bench.<name>`` (docs/benchmarks.md)."""
