@@ -25,6 +25,6 @@ RUN python3 -c "from spec_decode.engine.model_loading import prepare_default_mod
 
 EXPOSE 8000 8001 8002
 # On the GPU the models pick device=auto (cuda) and dtype=auto (bfloat16) from their config.pbtxt.
-# The launcher starts tritonserver (the image's, on PATH) and brings back a model process that dies (README:
-# Deployment); it exits non-zero if tritonserver itself dies.
+# The launcher starts tritonserver (the image's, on PATH) and brings back a model process that dies
+# (docs/deployment.md); it exits non-zero if tritonserver itself dies.
 CMD ["python3", "-m", "spec_decode.launcher", "--host", "0.0.0.0", "--model-repository", "/opt/spec_decode/model_repository"]

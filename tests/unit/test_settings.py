@@ -1,5 +1,5 @@
-"""spec_decode.settings: typed settings from config.pbtxt, one default per parameter (config.pbtxt and the README
-agree with it), errors that name the parameter."""
+"""spec_decode.settings: typed settings from config.pbtxt, one default per parameter (config.pbtxt and
+docs/configuration.md agree with it), errors that name the parameter."""
 
 import logging
 import re
@@ -21,7 +21,7 @@ from spec_decode.settings import (
 )
 from spec_decode.verifier import VerifierSettings
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+CONFIGURATION_DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 _PARAM = re.compile(r'parameters: \{ key: "([^"]+)" value: \{ string_value: "([^"]*)" \} \}')
 
 
@@ -104,8 +104,8 @@ def test_shipped_config_parameters_are_settings_at_their_defaults(model):
     assert set(defaults) <= set(params), f"{model}/config.pbtxt lacks {sorted(set(defaults) - set(params))}"
 
 
-def test_readme_configuration_table_gives_the_defaults_of_the_settings():
-    text = README.read_text()
+def test_configuration_doc_table_gives_the_defaults_of_the_settings():
+    text = CONFIGURATION_DOC.read_text()
     table = text[text.index("| model | parameter | default | meaning |"):]
     table = table[: table.index("\n\n")]
     seen = set()
@@ -118,13 +118,13 @@ def test_readme_configuration_table_gives_the_defaults_of_the_settings():
         for model in models:
             defaults = _defaults(model)
             for key, value in zip(keys, values):
-                assert key in defaults, f"README: {model} has no setting {key}"
-                assert _same(value, defaults[key]), f"README: {model} {key} = {value!r}, the default is " \
-                                                    f"{defaults[key]!r}"
+                assert key in defaults, f"docs/configuration.md: {model} has no setting {key}"
+                assert _same(value, defaults[key]), f"docs/configuration.md: {model} {key} = {value!r}, the default " \
+                                                    f"is {defaults[key]!r}"
                 seen.add((model, key))
     for model in ("target_model", "draft_model", "verifier", "generate"):
         missing = {k for k in _defaults(model) if (model, k) not in seen}
-        assert not missing, f"README's configuration table lacks {model}: {sorted(missing)}"
+        assert not missing, f"docs/configuration.md's table lacks {model}: {sorted(missing)}"
 
 
 def test_an_unknown_parameter_is_warned_about(caplog):

@@ -1,4 +1,4 @@
-"""spec_decode.proposers.registry: what the registry drives, and a new proposer added as the README's "Adding a
+"""spec_decode.proposers.registry: what the registry drives, and a new proposer added as CONTRIBUTING.md's "Adding a
 proposer" section shows (its example is run here as written)."""
 
 import re
@@ -11,16 +11,16 @@ import torch
 from spec_decode.proposers import registry
 from spec_decode.schedule import ConstantK, HeuristicK
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+CONTRIBUTING = Path(__file__).resolve().parents[3] / "CONTRIBUTING.md"
 
 
-def _readme_example() -> dict:
-    """The README's example proposer module, executed: name -> object."""
-    text = README.read_text()
+def _contributing_example() -> dict:
+    """CONTRIBUTING.md's example proposer module, executed: name -> object."""
+    text = CONTRIBUTING.read_text()
     section = text[text.index("## Adding a proposer"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     namespace: dict = {"__name__": "readme_example"}
-    exec(compile(code, "README.md (Adding a proposer)", "exec"), namespace)  # noqa: S102 - our own README
+    exec(compile(code, "CONTRIBUTING.md (Adding a proposer)", "exec"), namespace)  # noqa: S102 - our own docs
     return namespace
 
 
@@ -52,8 +52,8 @@ def test_build_proposers_serves_each_registered_class_from_its_settings():
 
 @pytest.fixture
 def with_echo(monkeypatch):
-    """The README's example proposer in the registry, as its one line there would put it."""
-    echo = _readme_example()["EchoProposer"]
+    """CONTRIBUTING.md's example proposer in the registry, as its one line there would put it."""
+    echo = _contributing_example()["EchoProposer"]
     monkeypatch.setattr(registry, "PROPOSERS", {**registry.PROPOSERS, echo.name: echo})
     monkeypatch.setattr(registry, "METHODS", (*registry.METHODS, echo.name))
     return echo
@@ -61,9 +61,9 @@ def with_echo(monkeypatch):
 
 def test_a_new_proposer_is_served_with_its_config_parameter_and_offered_to_clients(with_echo, tiny_lm, tmp_path,
                                                                                   real_tokenizer):
-    """The README's example, registered: draft_model builds it from echo_period, a round's rows that name it go to one
-    propose call, generate offers and accepts it, and greedy output through the served backends is still the target's
-    own greedy output."""
+    """CONTRIBUTING.md's example, registered: draft_model builds it from echo_period, a round's rows that name it go to
+    one propose call, generate offers and accepts it, and greedy output through the served backends is still the
+    target's own greedy output."""
     from spec_decode.generation import Generation
     from spec_decode.request import GenerationRequest, RequestLimits, parse_request
     from spec_decode.serving.draft_model import DraftBackend
