@@ -1,8 +1,8 @@
 """One request's generation: a state machine that asks for steps and applies their tokens, with no I/O.
 
-One loop, two transports (README, "How it works"): a driver asks :class:`Generation` for the next step's inputs
-(:meth:`Generation.next_step`), runs the step (in process: :mod:`spec_decode.in_process`; over Triton by BLS to the
-``spec_step`` ensemble: :mod:`spec_decode.serving.generate`), and hands the step's tokens back
+One loop, two transports (docs/architecture.md, "One loop, two transports"): a driver asks :class:`Generation` for
+the next step's inputs (:meth:`Generation.next_step`), runs the step (in process: :mod:`spec_decode.in_process`; over
+Triton by BLS to the ``spec_step`` ensemble: :mod:`spec_decode.serving.generate`), and hands the step's tokens back
 (:meth:`Generation.commit`), which applies the stop conditions, moves k by the method's schedule and returns the text
 and ids to stream.
 
@@ -15,6 +15,7 @@ nothing past a stop is sent or counted.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tokenizers.decoders import DecodeStream
 
@@ -23,6 +24,9 @@ from .request import GenerationRequest
 from .sampling import SamplingParams
 from .schedule import ConstantK, KSchedule
 from .settings import InvalidInputError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass
@@ -58,14 +62,14 @@ class Generation:
     """State of one request's generation (no I/O).
 
     Args:
-        seq_id: unique sequence id.
-        prompt_ids: tokenised prompt (length >= 1).
+        seq_id: unique sequence id (uint64).
+        prompt_ids: tokenised prompt (int token ids, length >= 1).
         request: the validated request.
         tokenizer: a Hugging Face fast tokenizer: text is streamed by tokenizers' ``DecodeStream`` over its
             ``backend_tokenizer`` (never a broken UTF-8 character; the prompt gives the first token its context).
         eos_token_ids: ids that end generation (not emitted), besides ``request.end_id``; ignored (emitted like any
             token) when ``request.ignore_eos``.
-        max_model_len: prompt + output must fit.
+        max_model_len: prompt + output must fit in this many tokens.
         seed: the request seed (``request.random_seed`` or one drawn by the caller).
         schedule: how k moves from step to step, starting at ``request.num_draft_tokens`` (the method's
             :func:`~spec_decode.proposers.k_schedule`; default: constant).
@@ -100,7 +104,7 @@ class Generation:
         self.finished = False
         self.finish_reason: str | None = None
         self.cum_log_prob = 0.0
-        self.hidden_states = None  # the target's hidden states before the last committed token (StepInputs)
+        self.hidden_states: np.ndarray | None = None  # [m, H] float32 before the last committed token (StepInputs)
         self.schedule = schedule or ConstantK()
         self.k = request.num_draft_tokens  # k of the next step (the schedule moves it)
 
@@ -134,6 +138,12 @@ class Generation:
 
     def commit(self, result: StepResult) -> Chunk:
         """Apply one step's tokens with the stop conditions; return what to stream.
+
+        Args:
+            result: the step's output ids (1..k+1), drafts proposed, log-probs and hidden states.
+
+        Returns:
+            the new text and ids that passed the stop conditions (possibly none), finished on the last chunk.
 
         Raises:
             RuntimeError: the step returned no token, or the generation already finished.

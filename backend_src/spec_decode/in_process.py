@@ -20,8 +20,17 @@ def run_step(inp: StepInputs, proposers: dict[str, Proposer], scorer: TargetScor
              verifier: Verifier) -> StepResult:
     """Run one speculative step of one sequence in process.
 
+    Args:
+        inp: the step's inputs (k = ``inp.num_draft_tokens``).
+        proposers: method name -> proposer (only consulted when ``inp.drafts``).
+        scorer: the target scorer. verifier: the verifier.
+
+    Returns:
+        1..k'+1 output ids with their target log-probs, the k' drafts proposed, and [n, H] float32 hidden states.
+
     Raises:
         KeyError: no proposer for ``inp.method``.
+        ValueError: from the scorer or the verifier (token ids out of range, invalid probabilities).
     """
     if inp.drafts:
         proposer = proposers[inp.method]
@@ -44,7 +53,7 @@ class LocalStep:
     Args:
         proposers: method name -> proposer (``none`` needs no entry).
         scorer: the target scorer.
-        verifier: the verifier (default: rejection sampling, :class:`~spec_decode.settings.VerifierSettings`).
+        verifier: the verifier (default: rejection sampling, :class:`~spec_decode.verifier.VerifierSettings`).
     """
 
     def __init__(self, proposers: dict[str, Proposer], scorer: TargetScorer, verifier: Verifier | None = None):
@@ -64,8 +73,10 @@ class LocalStep:
 
 
 def run_local(gen: Generation, step: LocalStep) -> list[Chunk]:
-    """Drive ``gen`` to completion with a synchronous step callable; returns every chunk. Releases caches at the end
-    (with the sequence's final ids)."""
+    """Drive ``gen`` to completion with a synchronous step callable; returns every chunk.
+
+    The step's caches are released at the end, with the sequence's final ids, even when a step raises.
+    """
     chunks = []
     try:
         while not gen.finished:

@@ -1,10 +1,10 @@
 """The step protocol's types: what one speculative step of one sequence takes and returns.
 
-Stateless on the wire (README, "How it works"): every step carries the sequence's committed token ids, k, the method,
-the sampling parameters with the seed and the step counter, so any instance of a step model can serve it and caches are
-only an optimisation. :class:`~spec_decode.generation.Generation` makes :class:`StepInputs` and commits
-:class:`StepResult`; a transport runs the step (in process: :mod:`spec_decode.in_process`; over Triton:
-:mod:`spec_decode.serving.triton_step`).
+Stateless on the wire (docs/architecture.md, "The step protocol"): every step carries the sequence's committed token
+ids, k, the method, the sampling parameters with the seed and the step counter, so any instance of a step model can
+serve it and caches are only an optimisation. :class:`~spec_decode.generation.Generation` makes :class:`StepInputs`
+and commits :class:`StepResult`; a transport runs the step (in process: :mod:`spec_decode.in_process`; over Triton:
+:mod:`spec_decode.serving.triton_step`, with the tensors named in :mod:`spec_decode.serving.wire`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""The client contract of ``generate``: parsing and validating a request's inputs.
+"""The client contract of ``generate``: parsing and validating a request's inputs (docs/client.md).
 
-Tensor names follow the TensorRT-LLM and vLLM Triton backends. Every check raises :class:`InvalidInputError` naming the
-field and the allowed values, so ``generate`` can answer with a Triton error response and keep serving.
+Tensor names and types (:data:`spec_decode.serving.wire.CLIENT`) follow the TensorRT-LLM and vLLM Triton backends.
+Every check raises :class:`~spec_decode.settings.InvalidInputError` naming the field and the allowed values, so
+``generate`` can answer with a Triton error response and keep serving.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ _DEFAULTS = GenerateSettings()
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """A validated ``generate`` request (see README "Client contract").
+    """A validated ``generate`` request (docs/client.md, "Client contract").
 
     Construction checks what does not depend on the server (sampling parameters, through
     :class:`~spec_decode.sampling.SamplingParams`; the acceptance method; the seed); :func:`parse_request` the rest.

@@ -1,4 +1,4 @@
-"""Sampling transforms and noise shared by the draft and the target.
+"""Sampling parameters, transforms and noise shared by the draft and the target.
 
 The same transforms (temperature, top-k, top-p) are applied to draft and target logits, so that rejection sampling
 compares the two distributions the request actually samples from (as vLLM's spec-decode worker does).
@@ -63,7 +63,7 @@ class NoisePurpose(IntEnum):
     VERIFIER_UNIFORM = 1  # the rejection sampler's accept tests u_i ~ U[0, 1) (torch path)
     VERIFIER_RACE = 2  # the rejection sampler's exponential race for the recovered or bonus token (torch path)
     DRAFT_LM = 3  # the draft LM's sampled drafts
-    # 4 was the MLP speculator's, retired: left unused so that no seeded output of another purpose changes
+    # 4 is retired: left unused, since renumbering a purpose would change its seeded outputs
     EAGLE = 5  # the EAGLE head's sampled drafts
 
 
@@ -121,9 +121,10 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 
 
 def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """Draw one token id from a [V] distribution by the exponential race argmax(p / E), E ~ Exp(1).
+    """Draw one token id from a [V] distribution by the exponential race argmax(p / E), E ~ Exp(1) (gpt-fast).
 
-    The noise is drawn on the CPU from ``generator`` so that a seeded draw does not depend on the device.
+    ``probs`` may be unnormalised, any float dtype, any device. The noise is drawn on the CPU from ``generator`` (None:
+    torch's global generator) so that a seeded draw does not depend on the device.
     """
     e = torch.empty(probs.shape[-1], dtype=torch.float32).exponential_(1.0, generator=generator)
     return int(torch.argmax(probs.float().cpu() / e).item())

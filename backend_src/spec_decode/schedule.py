@@ -66,9 +66,8 @@ def make_schedule(name: str, max_k: int) -> KSchedule:
 
 
 def speculation_disabled(running: int, disable_by_batch_size: int) -> bool:
-    """vLLM's ``disable_by_batch_size``: with this many running sequences or more, steps run without speculation
-    (k = 0).
+    """vLLM's ``disable_by_batch_size``: whether ``running`` sequences reach it, so steps run with k = 0 (<= 0: never).
 
-    Speculation trades throughput for latency and loses at high load. ``disable_by_batch_size`` <= 0 never disables.
+    Speculation spends compute to cut latency, which stops paying at high load.
     """
     return 0 < disable_by_batch_size <= running

@@ -1,14 +1,16 @@
 """Settings of the served models and the input rules they share with requests: every rule and default in one place.
 
-- Config settings: one frozen dataclass per model of the repository (:class:`TargetSettings`,
-  :class:`DraftModelSettings`, :class:`VerifierSettings`, :class:`GenerateSettings`) and one per proposer (its
-  ``Settings``, in its own file under :mod:`spec_decode.proposers`), built once when the model loads from the
-  ``parameters`` of its config.pbtxt (:meth:`ConfigSettings.from_params`). A field's default is the parameter's
-  default; the shipped config.pbtxt files list the same values (``tests/unit/test_settings.py`` holds them to it).
+- Config settings (docs/configuration.md): one frozen dataclass per model of the repository (:class:`TargetSettings`,
+  :class:`DraftModelSettings`, :class:`GenerateSettings` here; the verifier's
+  :class:`~spec_decode.verifier.VerifierSettings`) and one per proposer (its ``Settings``, in its own file under
+  :mod:`spec_decode.proposers`), built once when the model loads from the ``parameters`` of its config.pbtxt
+  (:meth:`ConfigSettings.from_params`). A field's default is the parameter's default; the shipped config.pbtxt files
+  list the same values (``tests/unit/test_settings.py`` holds them to it).
 - Input rules: :class:`InvalidInputError` and the checks (:func:`one_of`, :func:`in_range`,
   :func:`check_acceptance_method`) that generate's request parsing (:mod:`spec_decode.request`), the step models' input
-  decoding (:mod:`spec_decode.serving.step_inputs`), the sampling parameters (:class:`spec_decode.sampling.
-  SamplingParams`) and the settings call. What they have checked, the code behind them trusts.
+  decoding (:mod:`spec_decode.serving.step_inputs`), the sampling parameters
+  (:class:`spec_decode.sampling.SamplingParams`) and the settings call. What they have checked, the code behind them
+  trusts.
 """
 
 from __future__ import annotations
@@ -192,6 +194,7 @@ class LMSettings(ConfigSettings):
     DTYPES: ClassVar[tuple[str, ...]] = ("auto", "float32", "float16", "bfloat16")
 
     def check(self) -> None:
+        """dtype one of :attr:`DTYPES`, max_sequences >= 1, device one of auto, cpu, cuda, cuda:N (kept lower-cased)."""
         self._choice("dtype", self.DTYPES)
         in_range("max_sequences", self.max_sequences, 1)
         d = self.device.strip().lower()
@@ -211,6 +214,7 @@ class TargetSettings(LMSettings):
     model_path: str = "default"
 
     def check(self) -> None:
+        """As :meth:`LMSettings.check`, and model_path not blank."""
         super().check()
         if not self.model_path.strip():
             raise InvalidInputError("model_path", "must name a model folder or 'default'")
@@ -228,6 +232,7 @@ class DraftModelSettings(ConfigSettings):
     max_num_draft_tokens: int = 16
 
     def check(self) -> None:
+        """max_num_draft_tokens >= 1."""
         in_range("max_num_draft_tokens", self.max_num_draft_tokens, 1)
 
 
@@ -244,8 +249,8 @@ class GenerateSettings(ConfigSettings):
         draft_model_available: ``auto`` (whether the draft distilled by ``make draft`` exists, as draft_model's
             ``draft_model_path: auto``), ``true`` (draft_model serves a draft LM: speculative_method ``draft`` is
             offered) or ``false``.
-        num_draft_tokens_schedule: ``constant`` or ``heuristic`` (:mod:`spec_decode.proposers.schedule`; a proposer
-            may replace it with its own).
+        num_draft_tokens_schedule: ``constant`` or ``heuristic`` (:mod:`spec_decode.schedule`; a proposer may
+            replace it with its own).
         disable_by_batch_size: while at least this many requests run, steps run without speculation (0 = never).
         step_round_max_wait_ms: a round of steps starts when every running sequence has submitted its step, or this
             many milliseconds after the first did (> 0).
@@ -262,6 +267,8 @@ class GenerateSettings(ConfigSettings):
     step_round_max_wait_ms: float = 20.0
 
     def check(self) -> None:
+        """max_num_draft_tokens >= 1, num_draft_tokens in [0, max_num_draft_tokens], max_model_len >= 2, the two
+        choices among their values, disable_by_batch_size >= 0, step_round_max_wait_ms > 0."""
         in_range("max_num_draft_tokens", self.max_num_draft_tokens, 1)
         in_range("num_draft_tokens", self.num_draft_tokens, 0, self.max_num_draft_tokens)
         in_range("max_model_len", self.max_model_len, 2)

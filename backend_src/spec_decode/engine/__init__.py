@@ -1,1 +1,1 @@
-"""The engine: causal LMs with per-sequence KV caches, the scorer, model loading and surgery, draft vocabularies."""
+"""The engine: causal LMs with per-sequence KV caches (LRU), the scorer, model loading, surgery, draft vocabularies."""

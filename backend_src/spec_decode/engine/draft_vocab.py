@@ -29,7 +29,7 @@ class DraftVocab:
         target_vocab_size: V of the target.
 
     Raises:
-        ValueError: ids out of range or repeated.
+        ValueError: no ids, ids out of range or repeated.
     """
 
     def __init__(self, token_ids, target_vocab_size: int):
@@ -78,7 +78,11 @@ class DraftVocab:
 
 
 def load_draft_vocab(path: Path | None) -> DraftVocab | None:
-    """The pruned vocabulary of a draft folder (``draft_vocab.json``), or None for a full-vocabulary draft."""
+    """The pruned vocabulary of a draft folder (``draft_vocab.json``), or None for a full-vocabulary draft.
+
+    Raises:
+        ValueError: a file that is not JSON, or ids :class:`DraftVocab` refuses. KeyError: a field missing.
+    """
     if path is None or not (Path(path) / DRAFT_VOCAB_FILE).exists():
         return None
     data = json.loads((Path(path) / DRAFT_VOCAB_FILE).read_text())

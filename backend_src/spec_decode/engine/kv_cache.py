@@ -45,10 +45,9 @@ class CachedCausalLM:
     """Wraps a Hugging Face causal LM with an LRU of per-sequence KV caches (:class:`_SlotCache`).
 
     Every forward (one sequence, or a batched round) gets its keys and values from the sequences' own buffers and
-    writes the new ones into them in place, under an explicit 4D mask and position ids: no cache is copied per step
-    (a transformers ``DynamicCache`` concatenates its whole cache every step, and stacking and splitting caches for a
-    batched round copied them four times; ``bench/forward_cost.py`` measures both). Full-attention models only (the
-    Llama, Mistral and Qwen2 families without sliding-window layers).
+    writes the new ones into them in place, under an explicit 4D mask and position ids: no cache is copied per step,
+    unlike a transformers ``DynamicCache``, which concatenates its whole cache every step (docs/benchmarks.md has the
+    measurement). Full-attention models only (the Llama, Mistral and Qwen2 families without sliding-window layers).
 
     Args:
         model: a transformers ``*ForCausalLM`` in eval mode.
@@ -88,6 +87,7 @@ class CachedCausalLM:
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
+        """Sequences cached."""
         return len(self._entries)
 
     def cached_tokens(self) -> int:
@@ -119,7 +119,8 @@ class CachedCausalLM:
             ``token_ids[L - n_logits + j]``.
 
         Raises:
-            ValueError: ``n_logits`` outside [1, L], or a token id outside [0, V).
+            ValueError: (:class:`~spec_decode.settings.InvalidInputError`) ``n_logits`` outside [1, L], L beyond the
+                model's ``max_position_embeddings``, or a token id outside [0, V).
         """
         self.check(token_ids, n_logits)
         with self._lock:
@@ -153,7 +154,7 @@ class CachedCausalLM:
             self.check(ids, n)
         if len({c[0] for c in calls}) != len(calls):
             raise ValueError("logits_batch: every sequence may appear once per batch")
-        out: list[torch.Tensor | None] = [None] * len(calls)
+        out: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(calls)
         with self._lock:
             batch = []
             for i, (seq_id, ids, n) in enumerate(calls):
@@ -169,16 +170,17 @@ class CachedCausalLM:
                 else:
                     for i, result in zip((b[0] for b in group), self._forward_batch(group)):
                         out[i] = result
-        return out if hidden else [lg for lg, _ in out]
+        done = [o for o in out if o is not None]
+        assert len(done) == len(out)  # every call ran, alone or in a group
+        return done if hidden else [lg for lg, _ in done]
 
     def _groups(self, batch: list) -> list[list]:
         """Split a batch where left-padding would cost more than an extra forward.
 
-        Every row of a batched forward is padded to the longest cache in it: one 2,000-token sequence among short ones
-        would make every row attend over (and the stacking copy) 2,000 positions. Rows are taken by cached length; a
-        row joins the current group unless that would leave more than ``max_padded_positions`` padded (row x
-        position) slots in it. (On the 2-core CPU a padded slot costs an estimated ~37 us of copies and attention,
-        and streaming a forward's weights ~70 ms: 2,048 slots is about one forward.)
+        Every row of a batched forward is padded to the longest cache in it, so one long sequence among short ones
+        would make every row attend over (and copy) its length. Rows are taken by cached length; a row joins the
+        current group unless that would leave more than ``max_padded_positions`` padded (row x position) slots in it.
+        The default is about one forward's cost in padding (docs/benchmarks.md has the measurement).
         """
         groups: list[list] = []
         total = 0
@@ -193,8 +195,8 @@ class CachedCausalLM:
         return groups
 
     def check(self, token_ids: list[int], n_logits: int) -> None:
-        """Raise InvalidInputError (a ValueError naming the bound) unless :meth:`logits` accepts ``token_ids`` and
-        ``n_logits``."""
+        """Raise :class:`~spec_decode.settings.InvalidInputError` (a ValueError naming the bound) unless
+        :meth:`logits` accepts ``token_ids`` and ``n_logits``."""
         if not 1 <= n_logits <= len(token_ids):
             raise InvalidInputError("n_logits", f"must be in [1, {len(token_ids)}], got {n_logits}")
         if self.max_positions and len(token_ids) > self.max_positions:
@@ -213,14 +215,15 @@ class CachedCausalLM:
         e.ids = list(token_ids[:keep])
         return e, keep
 
-    def _forward_one(self, seq_id: int, e: _Entry, token_ids: list[int], keep: int, n_logits: int) -> tuple:
+    def _forward_one(self, seq_id: int, e: _Entry, token_ids: list[int], keep: int,
+                     n_logits: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self._forward([(0, seq_id, e, token_ids, keep, n_logits)])[0]
 
-    def _forward_batch(self, batch: list) -> list[tuple]:
+    def _forward_batch(self, batch: list) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """One forward over several sequences (a batched round; see :meth:`_forward`)."""
         return self._forward(batch)
 
-    def _forward(self, batch: list) -> list[tuple]:
+    def _forward(self, batch: list) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """One forward over one or several sequences (see :meth:`logits_batch`); returns their (logits, last hidden
         states) in order.
 
@@ -276,7 +279,7 @@ class _SlotCache:
 
     GROW = 256
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.keys: list[torch.Tensor | None] = []
         self.values: list[torch.Tensor | None] = []
 
@@ -321,7 +324,9 @@ class _RoundCache:
             slots.write(layer_idx, c, key_states[row, :, n_max - n :], value_states[row, :, n_max - n :])
         if len(self.rows) == 1:
             slots, c, n = self.rows[0]
-            return slots.keys[layer_idx][None, :, : c + n], slots.values[layer_idx][None, :, : c + n]
+            keys, values = slots.keys[layer_idx], slots.values[layer_idx]
+            assert keys is not None and values is not None  # written just above
+            return keys[None, :, : c + n], values[None, :, : c + n]
         out = []
         for kind, x in (("keys", key_states), ("values", value_states)):
             full = x.new_empty((x.shape[0], x.shape[1], c_max + n_max, x.shape[3]))

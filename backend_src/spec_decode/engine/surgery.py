@@ -22,6 +22,7 @@ def truncated_copy(target, layers: int):
 
     Raises:
         ValueError: ``layers`` out of range.
+        RuntimeError: the kept layers' weights do not load into the copy (a model not laid out as ``model.layers``).
     """
     cfg = target.config.__class__.from_dict(target.config.to_dict())
     n = cfg.num_hidden_layers

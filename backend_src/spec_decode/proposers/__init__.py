@@ -1,8 +1,14 @@
-"""Proposers: cheap guesses of the next k tokens, behind one batched contract (:class:`Proposer`) and one registry.
+"""The proposers: cheap guesses of the next k tokens, behind one batched contract and one registry.
 
 Like vLLM's ``get_spec_proposals`` and transformers' candidate generators: a proposer takes a round's sequences
-(:class:`ProposalRequest`) and returns one ``Proposal(draft_token_ids [k'], draft_probs [k', V] or None)`` per sequence,
-k' <= k. :mod:`.registry` names the served ones; :mod:`.schedule` holds how k changes from step to step.
+(:class:`ProposalRequest`) and returns one ``Proposal(draft_token_ids [k'] int64, draft_probs [k', V] float32 or
+None)`` per sequence, k' <= k.
+
+- :mod:`.base`: the contract, :class:`Proposer` (CONTRIBUTING.md walks through adding one).
+- :mod:`.registry`: the served proposers by ``speculative_method`` name.
+- :mod:`.ngram`, :mod:`.hybrid`; the subpackages :mod:`.suffix`, :mod:`.draft_lm`, :mod:`.eagle`: the proposers.
+
+How k changes from step to step is :mod:`spec_decode.schedule`.
 """
 
 from .base import Proposal, ProposalRequest, Proposer

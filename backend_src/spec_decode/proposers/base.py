@@ -1,9 +1,10 @@
 """The proposer contract: a round's sequences in, one proposal per sequence out.
 
-Every proposer (draft LM, n-gram, suffix, hybrid; README "Adding a proposer") subclasses :class:`Proposer`. It follows
-vLLM's ``SpeculativeProposer.get_spec_proposals`` (one call per batch of sequences, a proposal per sequence) and
-transformers' candidate generators (``get_candidates`` and ``update_candidate_strategy``: the proposer picks how its
-sequences' k changes from step to step, :meth:`Proposer.k_schedule`).
+Every proposer (draft LM, n-gram, suffix, EAGLE head, hybrid) subclasses :class:`Proposer`; CONTRIBUTING.md, "Adding
+a proposer", documents the contract with an example. It follows vLLM's ``SpeculativeProposer.get_spec_proposals`` (one
+call per batch of sequences, a proposal per sequence) and transformers' candidate generators (``get_candidates`` and
+``update_candidate_strategy``: the proposer picks how its sequences' k changes from step to step,
+:meth:`Proposer.k_schedule`). :func:`draft_token` and :func:`confident` are the helpers model proposers share.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ class Proposal:
 
     Attributes:
         draft_token_ids: [k'] int64, k' <= k requested (k' may be 0: nothing to propose).
-        draft_probs: [k', V] float32 distributions the drafts were sampled from, or None for proposers without
-            probabilities (n-gram, suffix): the verifier then treats q as one-hot.
+        draft_probs: [k', V] float32, the distributions the drafts were sampled from over the target's vocabulary V,
+            or None for proposers without probabilities (n-gram, suffix): the verifier then treats q as one-hot.
         score: the proposer's estimate of how many of the drafts the target will accept (suffix decoding's score,
             Arctic Inference), or None when it makes none. Hybrid reads it.
     """
@@ -51,12 +52,13 @@ class ProposalRequest:
 
     Attributes:
         seq_id: sequence id (uint64), unique per generate request.
-        token_ids: its committed ids (prompt + accepted output), length >= 1.
+        token_ids: its committed ids (prompt + accepted output), length >= 1, each in [0, 2^31).
         k: the most draft tokens to propose (>= 1; the proposer may return fewer).
         params: the request's sampling parameters (with its seed).
         step: the sequence's step counter (0-based); with the seed it keys a sampling proposer's noise.
         hidden_states: [m, H] float32, the target's last hidden states at the m positions before the last token
-            (:class:`~spec_decode.protocol.StepInputs`), or None; only proposers with ``needs_hidden_states`` get them.
+            (those the previous step scored and accepted; :class:`~spec_decode.protocol.StepInputs`), or None (a
+            sequence's first step); only proposers with ``needs_hidden_states`` get them.
     """
 
     seq_id: int
@@ -70,17 +72,24 @@ class ProposalRequest:
 class Proposer:
     """Base class of the proposers: subclass it, give it a ``name`` and register it in :mod:`.registry`.
 
-    Class attributes:
-        name: the ``speculative_method`` clients send (lower case).
-        Settings: its typed config.pbtxt parameters (a frozen :class:`~spec_decode.settings.ConfigSettings`
-            dataclass; its ``PREFIX`` is prepended to every field's name in config.pbtxt).
-        needs_hidden_states: True when it drafts from the target's hidden states: generate then sends a sequence's
-            latest ones with its steps (``ProposalRequest.hidden_states``).
-        GAUGES: Prometheus gauges it exports from draft_model (name -> help), values from :meth:`gauges`.
+    The hooks below are the whole contract; CONTRIBUTING.md walks through an example. draft_model builds the served
+    proposers once (:func:`~.registry.build_proposers`); Triton runs one ``execute()`` of a model instance at a time,
+    so no hook is called concurrently with another.
 
-    Subclasses implement :meth:`propose`, and override :meth:`from_config` (by default ``cls(settings)``),
-    :meth:`configured`, :meth:`check`, :meth:`observe`, :meth:`release`, :meth:`gauges` and :meth:`k_schedule` where
-    the defaults do not fit. README, "Adding a proposer", walks through an example.
+    Class attributes:
+        name: the ``speculative_method`` clients send (lower case, unique in the registry).
+        Settings: its config.pbtxt parameters, a frozen :class:`~spec_decode.settings.ConfigSettings` dataclass
+            (field defaults are the parameters' defaults; its ``PREFIX`` is prepended to each field's name). Default:
+            ``ConfigSettings``, no parameters.
+        needs_hidden_states: True when it drafts from the target's hidden states: generate then sends each drafting
+            step its sequence's latest ones (``context_hidden_states`` on the wire; ``ProposalRequest.hidden_states``
+            here). Default False.
+        GAUGES: the Prometheus gauges it exports from draft_model, name -> help text; values from :meth:`gauges`.
+            Default none.
+
+    Subclasses implement :meth:`propose` and override, where the defaults do not fit: :meth:`from_config` (default
+    ``cls(settings)``), :meth:`configured` (default True), :meth:`check`, :meth:`observe` and :meth:`release`
+    (default: nothing), :meth:`gauges` (default: none) and :meth:`k_schedule` (default: generate's configured one).
     """
 
     name: ClassVar[str] = ""
@@ -88,77 +97,93 @@ class Proposer:
     needs_hidden_states: ClassVar[bool] = False
     GAUGES: ClassVar[dict[str, str]] = {}
 
+    def __init__(self, settings: ConfigSettings | None = None) -> None:
+        """Keeps nothing: a subclass's constructor takes what its :meth:`from_config` passes (by default its
+        ``Settings``)."""
+
     @classmethod
     def from_config(cls, settings, served: dict[str, Proposer]) -> Proposer | None:
-        """Build the proposer draft_model serves from its settings (``cls.Settings.from_params`` of config.pbtxt).
+        """Build the proposer draft_model serves (called once, by :func:`~.registry.build_proposers`).
 
         Args:
-            settings: an instance of ``cls.Settings``.
-            served: name -> the proposers built before this one (registry order), for proposers composed of others
+            settings: ``cls.Settings.from_params`` of draft_model's config parameters (already checked).
+            served: name -> the proposers built before this one (registry order), for a proposer composed of others
                 (hybrid).
 
         Returns:
-            The proposer, or None when it cannot be served with these settings (e.g. the draft LM without a model).
+            The proposer, or None when these settings serve none (the draft LM without a model): the method is then
+            not served, and must not be offered (:meth:`configured` returns False for the same settings).
 
         Raises:
-            ValueError: a setting out of range (naming the config parameter).
+            ValueError: settings it cannot be served with (naming the config parameter); draft_model fails to load.
+            FileNotFoundError: a model folder that does not exist.
         """
         return cls(settings)
 
     @classmethod
     def configured(cls, settings) -> bool:
-        """Whether draft_model serves this proposer with these settings, decided without loading anything (generate
-        offers a method only then; the draft LM and the speculator need a model). By default: always."""
+        """Whether :meth:`from_config` would serve a proposer with these settings, decided without loading anything:
+        generate offers the method only then (:func:`~.registry.offered_methods`). Default True."""
         return True
 
     def propose(self, requests: list[ProposalRequest]) -> list[Proposal]:  # pragma: no cover - abstract
-        """Propose drafts for a round's sequences (distinct seq_ids).
+        """Propose drafts for a round's sequences: one call per ``execute()`` of draft_model with every row that
+        names this method (or, for a composed proposer's part, the rows it hands on).
+
+        Args:
+            requests: distinct ``seq_id`` s, each with ``k`` >= 1 (in draft_model, each has passed :meth:`check`).
 
         Returns:
-            one :class:`Proposal` per request, in order, each of at most ``request.k`` tokens.
+            one :class:`Proposal` per request, in order, of at most ``request.k`` tokens (0 is allowed). A proposer
+            that samples its drafts returns the distributions it sampled from as ``draft_probs`` [k', V] float32 over
+            the target's vocabulary, after the request's sampling transforms
+            (:func:`~spec_decode.sampling.logits_to_probs`), so that rejection sampling stays exact
+            (:func:`draft_token`). A seeded request's drafts must depend on the request alone (its ids, seed and
+            step), or its sampled output stops being reproducible.
 
         Raises:
-            ValueError: an input the proposer cannot take. Any exception fails every request of the call (the rows of
-                the round that name this method; the other methods' rows are served); :meth:`check` lets draft_model
-                fail such a request alone beforehand.
+            ValueError: an input it cannot take. Any exception fails every row of the call (the other methods' rows
+                are served); :meth:`check` lets one row fail alone beforehand.
         """
         raise NotImplementedError
 
     def propose_one(self, seq_id: int, token_ids: list[int], k: int, params: SamplingParams | None = None,
                     step: int = 0, hidden_states: torch.Tensor | None = None) -> Proposal:
-        """:meth:`propose` for one sequence (``params`` None = greedy); an empty proposal when ``k`` <= 0 (tests,
-        benchmarks and the in-process transport)."""
+        """:meth:`propose` for one sequence (``params`` None: greedy), for tests, benchmarks and the in-process
+        transport; an empty proposal when ``k`` <= 0."""
         if k <= 0:
             return Proposal.empty()
         return self.propose([ProposalRequest(seq_id, list(token_ids), k, params or SamplingParams(), step,
                                              hidden_states)])[0]
 
-    def observe(self, requests: list[ProposalRequest]) -> None:
-        """Take in a round's steps that this proposer does not draft (a composed proposer, hybrid, drafted them with
-        another): a proposer with per-sequence state built from each step (the EAGLE head's contexts) updates it.
-        By default: nothing."""
-
     def check(self, request: ProposalRequest) -> None:
-        """Raise ValueError if ``request`` cannot be proposed for (draft_model then fails that request alone)."""
+        """Raise ValueError (:class:`~spec_decode.settings.InvalidInputError`, naming the input) when ``request``
+        cannot be proposed for: draft_model then fails that row alone. Default: every request passes."""
+
+    def observe(self, requests: list[ProposalRequest]) -> None:
+        """Take in steps that a composed proposer (hybrid) drafted with another proposer, so that per-sequence state
+        built from every step (the EAGLE head's contexts) stays whole. Default: nothing."""
 
     def release(self, seq_id: int, final_token_ids: list[int] | None = None) -> None:
-        """Free the per-sequence state of ``seq_id`` (idempotent). ``final_token_ids``: its last committed ids, when
-        known (suffix decoding adds the whole response to its cache of responses)."""
+        """Free the per-sequence state of ``seq_id``: called for every served proposer on every release, so it must
+        accept ids it never saw, and twice (idempotent). ``final_token_ids``: the sequence's last committed ids, or
+        None when the release carried none (suffix decoding adds the response to its cache of responses)."""
 
     def gauges(self) -> dict[str, float]:
-        """Current values of the gauges named in ``GAUGES``."""
+        """Current values of the gauges named in ``GAUGES`` (read after every ``execute()``)."""
         return {}
 
     @classmethod
     def k_schedule(cls, configured: str, max_k: int) -> KSchedule:
-        """How k changes over a sequence's steps with this proposer (transformers' ``update_candidate_strategy``).
+        """How k changes over a sequence's steps with this proposer (transformers' ``update_candidate_strategy``);
+        generate calls it once per request.
 
         Args:
-            configured: generate's ``num_draft_tokens_schedule`` ("constant" or "heuristic").
+            configured: generate's ``num_draft_tokens_schedule`` (``constant`` or ``heuristic``).
             max_k: generate's ``max_num_draft_tokens``.
 
         Returns:
-            By default the configured schedule (:func:`~.schedule.make_schedule`).
+            By default the configured schedule (:func:`~spec_decode.schedule.make_schedule`).
         """
         return make_schedule(configured, max_k)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..settings import ConfigSettings
 from .base import Proposal, ProposalRequest, Proposer
 
-FALLBACKS = ("ngram", "draft", "eagle", "auto")
+FALLBACKS = ("ngram", "draft", "eagle", "auto")  # hybrid_fallback's values
 _AUTO = ("eagle", "draft", "ngram")  # auto: the first of these served (Arctic pairs suffix with a model speculator)
 
 
@@ -30,6 +30,7 @@ class HybridSettings(ConfigSettings):
     fallback: str = "ngram"
 
     def check(self) -> None:
+        """fallback is one of :data:`FALLBACKS` (stored lower-cased)."""
         self._choice("fallback", FALLBACKS)
 
 

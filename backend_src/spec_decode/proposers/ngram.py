@@ -25,6 +25,7 @@ class NgramSettings(ConfigSettings):
     max: int = 4
 
     def check(self) -> None:
+        """min >= 1 and max >= min."""
         in_range("min", self.min, 1)
         if self.max < self.min:
             raise InvalidInputError("max", f"must be >= ngram_min={self.min}, got {self.max}")

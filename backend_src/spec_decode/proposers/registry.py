@@ -1,9 +1,9 @@
-"""The proposers draft_model serves, by the ``speculative_method`` name clients send.
+"""The registry: the proposers draft_model serves, by the ``speculative_method`` name clients send.
 
 Adding a proposer is its own file (a :class:`~.base.Proposer` subclass with a ``name`` and, when it has config
-parameters, its ``Settings``) plus one entry in :data:`PROPOSERS` (README, "Adding a proposer"). Everything else reads
-this registry: the methods generate offers and checks requests against, draft_model's proposers and their config
-parameters and gauges, the k schedule of a method.
+parameters, its ``Settings``) plus one entry in :data:`PROPOSERS` (CONTRIBUTING.md, "Adding a proposer"). Everything
+else reads this registry: the methods generate offers and checks requests against, draft_model's proposers and their
+config parameters and gauges, the k schedule of a method.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from .hybrid import HybridProposer
 from .ngram import NgramProposer
 from .suffix import SuffixProposer
 
-# name -> class, in the order they are built: a proposer composed of others (hybrid) after those it composes.
+# name -> class, in the order they are built and offered to clients: a proposer composed of others (hybrid) after
+# those it composes.
 PROPOSERS: dict[str, type[Proposer]] = {cls.name: cls for cls in (
     DraftModelProposer,
     NgramProposer,
@@ -28,7 +29,7 @@ PROPOSERS: dict[str, type[Proposer]] = {cls.name: cls for cls in (
     HybridProposer,
 )}
 
-METHODS: tuple[str, ...] = (NO_SPECULATION, *PROPOSERS)
+METHODS: tuple[str, ...] = (NO_SPECULATION, *PROPOSERS)  # every method a request may name, served or not
 
 
 def offered_methods(params: Mapping[str, str], draft_lm: bool | None = None) -> tuple[str, ...]:

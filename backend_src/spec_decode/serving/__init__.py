@@ -1,5 +1,13 @@
-"""Triton-facing code: the backends behind each model's ``model.py`` and the tensor adapter.
+"""Serving: one backend per model (draft_model, target_model, verifier_model, generate), plus the wire module.
 
-Each backend takes plain numpy/torch inputs and returns plain outputs, so it is testable without Triton;
-:func:`~spec_decode.serving.adapter.execute` converts ``pb_utils`` tensors at the boundary.
+- :mod:`.wire`: every tensor of every model in the repository (name, Triton dtype, dims) and the scalar decoder; the
+  config.pbtxt files are tested against it.
+- :mod:`.draft_model`, :mod:`.target_model`, :mod:`.verifier_model`, :mod:`.generate`: the backends behind each
+  ``model_repository/<model>/1/model.py``. Each takes plain numpy/torch inputs and returns plain outputs, so it is
+  testable without Triton.
+- :mod:`.adapter`: the pb_utils boundary (:func:`~.adapter.execute` converts Triton's tensors for the backends);
+  :mod:`.step_inputs` decodes and checks a step row; :mod:`.batching` serves the rows of one ``execute()`` together.
+- :mod:`.rounds` and :mod:`.triton_step`: generate's lockstep rounds and their BLS transport to the step ensembles;
+  :mod:`.local_ensemble` runs the same round in one process.
+- :mod:`.metrics`: the Prometheus metrics every model exports.
 """

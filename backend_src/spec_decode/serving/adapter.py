@@ -134,10 +134,10 @@ def stack_rows(values: list):
     like = next((v for v in tensors if v.device.type != "cpu"), tensors[0])
     values = [torch.as_tensor(v, device=like.device) for v in values]  # some rows may be numpy (e.g. empty outputs)
     pad = 0 if values[0].is_floating_point() else PAD_ID
-    out = torch.full((len(values),) + shape, pad, dtype=values[0].dtype, device=values[0].device)
+    stacked = torch.full((len(values),) + shape, pad, dtype=values[0].dtype, device=values[0].device)
     for row, v in enumerate(values):
-        out[(row,) + tuple(slice(0, n) for n in v.shape)] = v
-    return out
+        stacked[(row,) + tuple(slice(0, n) for n in v.shape)] = v
+    return stacked
 
 
 def to_pb_tensor(name: str, value, pb_utils):
@@ -169,6 +169,10 @@ def execute(backend, requests, pb_utils) -> list:
         backend: object with ``INPUTS`` (input names) and ``run(dict) -> dict``, or ``run_batch(list[dict]) -> list``
             (outputs or exception per sequence).
         requests: the ``pb_utils.InferenceRequest`` list handed to ``execute``.
+
+    Returns:
+        one ``pb_utils.InferenceResponse`` per request, in order: its outputs, or an error response (INVALID_ARG for
+        a ValueError, INTERNAL otherwise, logged with its traceback).
     """
     rows: list = []  # every sequence of every request
     spans: list = []  # per request: (first row, row count) or the exception that fails it

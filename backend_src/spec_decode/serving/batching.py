@@ -9,6 +9,7 @@ allow.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
+from typing import Any
 
 from ..settings import ConfigSettings, warn_unknown_parameters
 from .metrics import Metrics
@@ -54,7 +55,8 @@ def run_batched(inputs_list: list[dict], plan: Callable, run_group: Callable) ->
             results[i] = r
     while work:  # a sequence appears at most once per call (only direct callers can send one twice)
         calls: dict[Hashable, list[tuple[int, Work]]] = {}
-        rest, seen = [], set()
+        rest: list[tuple[int, Work]] = []
+        seen: set[tuple[Hashable, int]] = set()
         for i, w in work:
             (rest if (w.group, w.seq_id) in seen else calls.setdefault(w.group, [])).append((i, w))
             seen.add((w.group, w.seq_id))
@@ -82,8 +84,8 @@ class BatchedBackend:
     Class attributes:
         MODEL: the model's name in the repository. Settings: its settings class (:mod:`spec_decode.settings`).
 
-    Subclasses define ``_plan(inputs)`` (outputs, or a :class:`Work`), ``_run_group(group, args list)`` (one batched
-    call), and may override ``_refresh_gauges()`` (after every execute) and ``_is_release(inputs)``.
+    Subclasses define :meth:`_plan` and :meth:`_run_group`, and may override ``_refresh_gauges()`` (after every
+    execute) and ``_is_release(inputs)``.
 
     Raises:
         ValueError: (construction) a config parameter out of range (named).
@@ -120,6 +122,14 @@ class BatchedBackend:
             self._refresh_gauges()
             if any(self._is_release(i) for i in inputs_list):  # a sequence ended: export its figures
                 self.metrics.flush()
+
+    def _plan(self, inputs: dict) -> dict | Work:
+        """A row's outputs when it is answered alone (a release), else its :class:`Work`; raises for a bad row."""
+        raise NotImplementedError
+
+    def _run_group(self, group: Any, args: list) -> list:
+        """One batched call over the ``Work.args`` of a group's rows (distinct seq_ids): a result per row, in order."""
+        raise NotImplementedError
 
     def _refresh_gauges(self) -> None:
         """Set the model's cache gauges (none by default)."""

@@ -1,12 +1,13 @@
 """Backend of the ``draft_model`` model: the proposers of :mod:`spec_decode.proposers.registry`.
 
 Config parameters: ``max_num_draft_tokens`` (:class:`~spec_decode.settings.DraftModelSettings`) and each registered
-proposer's own (its ``Settings``: the draft LM's ``draft_model_path``, ``device``, ``dtype``, ``max_sequences``;
-``ngram_*``; ``suffix_*``; ``hybrid_fallback``). Inputs: the step protocol's
-(:data:`~.step_inputs.DRAFT_MODEL_INPUTS`). Outputs: ``draft_token_ids`` INT64 [k'] and ``draft_probs`` FP32 [k', V]
-([0, 0] for drafts without probabilities, and for a release). The rows of one ``execute()`` that name the same method
-go to their proposer in one ``propose`` call (the draft LM runs each draft position as one batched forward over them).
-Metrics: time proposing per method, and each proposer's gauges.
+proposer's own (its ``Settings``: the draft LM's ``draft_model_path``, ``draft_min_token_prob``, ``device``, ``dtype``,
+``max_sequences``; ``ngram_*``; ``suffix_*``; ``eagle_*``; ``hybrid_fallback``; docs/configuration.md). Inputs: the
+step protocol's (:data:`~.wire.DRAFT_MODEL_INPUTS`). Outputs per row: ``draft_token_ids`` INT64 [k'] and
+``draft_probs`` FP32 [k', V] ([0, 0] for drafts without probabilities, and for a release). The rows of one
+``execute()`` that name the same method go to their proposer in one ``propose`` call (the draft LM runs each draft
+position as one batched forward over them). Metrics (docs/metrics.md): time proposing per method, and each proposer's
+gauges.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def _no_drafts() -> dict:
 
 
 def _outputs(proposal: Proposal) -> dict:
+    """A proposal as draft_model's outputs (draft_probs [0, 0] when it has none)."""
     probs = proposal.draft_probs
     if probs is None:
         probs = torch.zeros((0, 0), dtype=torch.float32)

@@ -5,7 +5,8 @@ progress concurrently. Their steps run in rounds (:mod:`.rounds`): each round is
 (one row per sequence: :class:`~.triton_step.TritonStep`), so concurrent sequences share the draft's and the target's
 forward passes. Each step's accepted tokens go to the client as one response (``stream=true``) or are gathered into a
 single response (``stream=false``, for HTTP ``/generate``). At the end of a sequence, on errors and on cancellation, a
-``release`` call frees the sequence's caches in every model.
+``release`` call frees the sequence's caches in every model. docs/client.md is the client contract (inputs, outputs,
+errors); docs/metrics.md the metrics it exports.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 from ..engine.model_loading import load_tokenizer, resolve_model_path
 from ..generation import Chunk, Generation
 from ..proposers import DraftLMSettings, DraftModelProposer, k_schedule, offered_methods
+from ..protocol import StepInputs, StepResult
 from ..request import RequestLimits, parse_request
 from ..schedule import speculation_disabled
 from ..settings import DraftModelSettings, GenerateSettings, InvalidInputError, one_of, warn_unknown_parameters
@@ -30,8 +32,9 @@ from .wire import GENERATE_INPUTS
 
 logger = logging.getLogger(__name__)
 
+
 class GenerateBackend:
-    """The ``generate`` model's logic.
+    """The ``generate`` model's logic: the client contract of docs/client.md, served as lockstep rounds of steps.
 
     Args:
         params: the config.pbtxt parameters (name -> string value): :class:`~spec_decode.settings.GenerateSettings`.
@@ -41,15 +44,19 @@ class GenerateBackend:
             ``draft_model_available: auto`` follows its ``draft_model_path``.
 
     Raises:
-        ValueError: a config parameter out of range (named), a default method the server does not serve, a largest k
-            above draft_model's, or ``draft_model_available: true`` where draft_model has no draft LM.
+        ValueError: a config parameter out of range or naming no tokenizer (named), a default method the server does
+            not serve, a largest k above draft_model's, or ``draft_model_available: true`` where draft_model has no
+            draft LM.
     """
 
     def __init__(self, params: dict[str, str], pb_utils, draft_params: dict[str, str] | None = None):
         warn_unknown_parameters("generate", params, set(GenerateSettings.parameter_names()))
         self.pb = pb_utils
         self.settings = s = GenerateSettings.from_params(params)
-        self.tokenizer = load_tokenizer(resolve_model_path(s.tokenizer_path))
+        tokenizer_path = resolve_model_path(s.tokenizer_path)
+        if tokenizer_path is None:
+            raise ValueError(f"config parameter 'tokenizer_path': {s.tokenizer_path!r} names no tokenizer")
+        self.tokenizer = load_tokenizer(tokenizer_path)
         if getattr(self.tokenizer, "backend_tokenizer", None) is None:
             raise ValueError(f"config parameter 'tokenizer_path': {s.tokenizer_path!r} has no fast tokenizer "
                              f"(tokenizer.json), which streaming needs")
@@ -117,7 +124,8 @@ class GenerateBackend:
         return pb.InferenceResponse(output_tensors=out)
 
     async def handle(self, request) -> None:
-        """Serve one request to completion: every response goes through the request's response sender."""
+        """Serve one request to completion: every response goes through the request's response sender, the last
+        with the FINAL flag. Never raises: a bad request or a failed step becomes an error response."""
         pb = self.pb
         sender = request.get_response_sender()
         final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -181,7 +189,7 @@ class GenerateBackend:
                              finish_reason=gen.finish_reason or "error")
             self._set_running(-1)
 
-    async def _run_round(self, inps: list) -> list:
+    async def _run_round(self, inps: list[StepInputs]) -> list[StepResult | BaseException]:
         """One round of steps (:class:`StepRounds`): one batched request through the transport."""
         return await self.step.run_batch(inps)
 

@@ -8,8 +8,8 @@ draft_model and target_model serve the round through ``run_batch`` (one batched 
 call, and each model's outputs are stacked and padded to the round's largest k before the next model reads them. A
 round without drafts skips draft_model, as generate's ``score_step`` ensemble does.
 
-It is what ``bench/gpu_check.py`` runs on a GPU machine that has no tritonserver: the served models' CUDA path (KV
-caches and batched rounds on the device, probabilities that never leave it) without Triton's processes.
+It is what ``make gpu-check`` (``bench/gpu_check``) runs on a GPU machine that has no tritonserver: the served models'
+CUDA path (KV caches and batched rounds on the device, probabilities that never leave it) without Triton's processes.
 """
 
 from __future__ import annotations

@@ -8,18 +8,21 @@ Every model process exports its own metrics (names are unique per model, so no t
   server started: acceptance rate (accepted / draft tokens), system efficiency (emitted tokens / the most the steps
   could emit, sum of k + 1), mean accepted length (emitted tokens per step: accepted drafts + 1); running sequences.
 - ``draft_model``: time spent proposing (per method), and the gauges each proposer declares (its ``GAUGES``: the draft
-  LM's KV-cache sequences and tokens, the suffix cache's active requests, cached responses and cached tokens).
+  LM's KV-cache sequences and tokens, the EAGLE head's contexts and positions, the suffix cache's active requests,
+  cached responses and cached tokens).
 - ``target_model``: time spent scoring, the target's KV-cache sequences and tokens.
 - ``verifier``: time spent verifying.
 
 Names follow Prometheus conventions (counters end in ``_total``, times in seconds). Times are wall-clock seconds
 inside the model's ``execute``; on a GPU they include only what the model waits for (outputs that stay on the device
-may still be in flight). Triton's own per-model ``nv_inference_*`` metrics are on the same port.
+may still be in flight). Triton's own per-model ``nv_inference_*`` metrics are on the same port. docs/metrics.md
+documents them for operators.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 COUNTER, GAUGE = "counter", "gauge"
 
@@ -52,14 +55,27 @@ METRICS: dict[str, tuple[str, str]] = {
 }
 
 
+class _TritonMetric(Protocol):
+    """One labelled series of a ``pb_utils.MetricFamily``."""
+
+    def increment(self, value: float) -> None: ...
+
+    def set(self, value: float) -> None: ...
+
+
+class _TritonFamily(Protocol):
+    """A ``pb_utils.MetricFamily``: makes its labelled series."""
+
+    def Metric(self, labels: dict[str, str]) -> _TritonMetric: ...
+
+
 class Metrics:
     """Counters and gauges kept in the process and, inside Triton, exported through ``pb_utils.MetricFamily``.
 
-    Every write to a Triton metric is a round trip from the model's stub process to the server process; at ~15 writes
-    per step they cost a few milliseconds of every step on a small machine. So values change here at once
-    (:meth:`get`, :attr:`values`) and are exported at most every ``export_interval_s`` seconds, when a value
-    changes, plus at once on :meth:`flush` (the models flush when a sequence ends, so what a scrape sees after a
-    request is complete).
+    Every write to a Triton metric is a round trip from the model's stub process to the server process, and a step
+    makes many (docs/benchmarks.md has their cost). So values change here at once (:meth:`get`, :attr:`values`) and
+    are exported at most every ``export_interval_s`` seconds, when a value changes, plus at once on :meth:`flush` (the
+    models flush when a sequence ends, so what a scrape sees after a request is complete).
 
     Args:
         pb_utils: the ``triton_python_backend_utils`` module, or None (unit tests, in-process use): values are then
@@ -68,15 +84,15 @@ class Metrics:
 
     Raises:
         KeyError: (methods) a metric name neither in :data:`METRICS` nor declared (:meth:`declare`).
-        ValueError: (``add``) a negative increment of a counter.
+        ValueError: (``add``) a negative increment of a counter; (``set``) a counter.
     """
 
     def __init__(self, pb_utils=None, export_interval_s: float = 0.5):
         self.known: dict[str, tuple[str, str]] = dict(METRICS)  # name -> (kind, help)
         self.values: dict[tuple, float] = {}  # (name, sorted label items) -> value
         self._pb = pb_utils if pb_utils is not None and hasattr(pb_utils, "MetricFamily") else None
-        self._families: dict[str, object] = {}  # kept alive: Triton drops a family when its object is deleted
-        self._metrics: dict[tuple, object] = {}
+        self._families: dict[str, _TritonFamily] = {}  # kept alive: Triton drops a family when its object is deleted
+        self._metrics: dict[tuple, _TritonMetric] = {}
         self._exported: dict[tuple, float] = {}  # what Triton holds, per key
         self._dirty: set[tuple] = set()
         self.export_interval_s = export_interval_s
@@ -92,7 +108,9 @@ class Metrics:
         kind, _ = self.known[name]
         return kind, (name, tuple(sorted(labels.items())))
 
-    def _triton_metric(self, key: tuple):
+    def _triton_metric(self, key: tuple) -> _TritonMetric:
+        """The Triton series of ``key`` = (name, label items), made on first use."""
+        assert self._pb is not None  # only flush() calls it, when exporting to Triton
         metric = self._metrics.get(key)
         if metric is None:
             name, labels = key

@@ -1,33 +1,34 @@
 """Lockstep rounds: the steps of all running sequences start together, so that they share forward passes.
 
-Each request's generation loop is an asyncio task in the ``generate`` model. When each step was an independent BLS call
-through the ``spec_step`` ensemble (draft_model -> target_model -> verifier, each its own process with Triton's dynamic
-batcher), concurrent sequences fell into a few groups that stayed out of phase: while the target runs group A,
-group B is being verified and drafted, arrives at the target as a batch of its own, and the two never merge (measured:
-mean target batch 3 with 8 streams). :class:`StepRounds` is the fix vLLM's scheduler applies (one scheduler iteration
-runs a step of every running sequence): a round starts once every sequence in the loop has submitted its next step (or
-``max_wait_s`` after the first submission, should one be slow to come back), and one round runs at a time. Sequences
-that arrive during a round join the next one. With a single sequence a step starts at once, so a lone stream pays
-nothing. The round itself is handed to one function (``generate`` sends it as one batched request through the ensemble,
-so each model sees the whole round in one ``execute``).
+Each request's generation loop is an asyncio task in the ``generate`` model. Steps sent independently through the
+``spec_step`` ensemble (draft_model -> target_model -> verifier, each its own process with Triton's dynamic batcher)
+fall into groups that stay out of phase: while the target runs group A, group B is being verified and drafted,
+reaches the target as a batch of its own, and the two never merge (docs/benchmarks.md has the measurement).
+:class:`StepRounds` does what vLLM's scheduler does (one scheduler iteration runs a step of every running sequence): a
+round starts once every sequence in the loop has submitted its next step (or ``max_wait_s`` after the first
+submission, should one be slow to come back), and one round runs at a time. Sequences that arrive during a round join
+the next one. With a single sequence a step starts at once, so a lone stream pays nothing. The round itself is handed
+to one function (``generate`` sends it as one batched request through the ensemble, so each model sees the whole round
+in one ``execute``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
 
 InputT = TypeVar("InputT")  # a step's inputs
 ResultT = TypeVar("ResultT")  # a step's result
 
 
-class StepRounds:
+class StepRounds(Generic[InputT, ResultT]):
     """Starts the steps of the sequences in the generation loop in rounds (asyncio; one event loop).
 
     Args:
         run_round: coroutine function, list of steps' inputs -> list (same length, same order) of each step's result
-            or the exception that fails that step alone; an exception it raises fails every step of the round.
+            or the exception that fails that step alone; an exception it raises fails every step of the round, and a
+            list of another length fails it with a RuntimeError.
         max_wait_s: seconds a submitted step waits for the other sequences in the loop before its round starts
             without them (> 0). Sequences normally resubmit within microseconds of their round's end; this only bounds
             the wait when one does not (it is awaiting something else, or leaving).
@@ -40,7 +41,8 @@ class StepRounds:
         ValueError: ``max_wait_s`` <= 0.
     """
 
-    def __init__(self, run_round: Callable[[list[InputT]], Awaitable[list]], max_wait_s: float = 0.02):
+    def __init__(self, run_round: Callable[[list[InputT]], Awaitable[Sequence[ResultT | BaseException]]],
+                 max_wait_s: float = 0.02):
         if not max_wait_s > 0:
             raise ValueError(f"max_wait_s must be > 0, got {max_wait_s}")
         self.run_round = run_round
@@ -48,7 +50,7 @@ class StepRounds:
         self.members = 0  # sequences in the generation loop
         self.rounds = 0  # rounds started (for tests)
         self.in_flight = False
-        self._pending: list[tuple[InputT, asyncio.Future]] = []
+        self._pending: list[tuple[InputT, asyncio.Future[ResultT]]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task | None = None  # the round in flight (a reference keeps it from being collected)
 
@@ -63,7 +65,7 @@ class StepRounds:
 
     async def submit(self, x: InputT) -> ResultT:
         """Run step ``x`` in the next round; returns its result (raises its exception)."""
-        fut = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[ResultT] = asyncio.get_running_loop().create_future()
         self._pending.append((x, fut))
         self._maybe_start()
         return await fut

@@ -22,9 +22,10 @@ MAX_TOKEN_ID = 2**31 - 1  # token ids travel as int64 but every tree and model h
 
 
 def round_inputs(inps: list[StepInputs], release: bool) -> dict[str, np.ndarray]:
-    """The inputs of a round's request to the step ensembles, one row per sequence ([B, 1] values, token ids [B, L]
-    padded with -1): what generate sends (:class:`~.triton_step.TritonStep`) and the in-process ensemble splits into
-    rows (:class:`~.local_ensemble.LocalEnsemble`).
+    """The inputs of a round's request to the step ensembles, one row per sequence (scalars [B, 1] in their wire dtype,
+    :data:`~.wire.STEP`; ``token_ids`` [B, L] int64 padded with -1): what generate sends
+    (:class:`~.triton_step.TritonStep`) and the in-process ensemble splits into rows
+    (:class:`~.local_ensemble.LocalEnsemble`).
 
     A round in which some sequence drafts, and a release, carry ``num_draft_tokens``, ``speculative_method`` and
     ``seeded`` for draft_model (``spec_step``), and, when a drafting row's proposer reads the target's hidden states,
@@ -32,7 +33,7 @@ def round_inputs(inps: list[StepInputs], release: bool) -> dict[str, np.ndarray]
     none drafts carries empty ``draft_token_ids`` [B, 0] and ``draft_probs`` [B, 0, 0] instead (``score_step``: no
     draft_model).
     """
-    def col(name: str, values: list) -> np.ndarray:  # [B, 1] in the tensor's wire dtype
+    def col(name: str, values: list) -> np.ndarray:  # [B, 1] in the tensor's wire dtype (STEP)
         return np.array([[v] for v in values], STEP[name].numpy_dtype)
 
     params = [i.params for i in inps]
@@ -104,8 +105,8 @@ def token_ids(inputs: dict) -> list[int]:
 
     Raises:
         InvalidInputError: none left, or one outside [0, 2^31) (the model's vocabulary is its own check:
-            :meth:`~spec_decode.kv_cache.CachedCausalLM.check`; model-free proposers and suffix decoding's int32 trees
-            take any id in that range).
+            :meth:`~spec_decode.engine.kv_cache.CachedCausalLM.check`; model-free proposers and suffix decoding's
+            int32 trees take any id in that range).
     """
     ids = strip_padding(inputs["token_ids"]) if "token_ids" in inputs else []
     if not ids:

@@ -1,11 +1,12 @@
 """Backend of the ``target_model`` model: the scorer over k+1 positions with the per-sequence KV cache.
 
 Config parameters: :class:`~spec_decode.settings.TargetSettings` (``model_path``, ``device``, ``dtype``,
-``max_sequences``). Inputs: :data:`~.step_inputs.TARGET_MODEL_INPUTS`. Outputs: ``target_probs`` FP32 [k+1, V] and
+``max_sequences``). Inputs: :data:`~.wire.TARGET_MODEL_INPUTS`. Outputs per row: ``target_probs`` FP32 [k+1, V] and
 ``hidden_states`` FP32 [k+1, H], the target's last hidden states at the same positions (what a hidden-state speculator
 drafts from; generate keeps those of the accepted positions for the sequence's next step), both on the model's device
 ([0, 0] for a release). The rows of one ``execute()`` are scored in one forward pass
-(:meth:`~spec_decode.scorer.TargetScorer.score_batch`). Metrics: time scoring, the target's KV caches.
+(:meth:`~spec_decode.engine.scorer.TargetScorer.score_batch`). Metrics (docs/metrics.md): time scoring, the target's
+KV caches.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .wire import TARGET_MODEL_INPUTS
 
 
 def _outputs(scores: Scores) -> dict:
+    """A row's scores as target_model's outputs (float32)."""
     return {"target_probs": scores.probs.float(), "hidden_states": scores.hidden.float()}
 
 
@@ -35,7 +37,7 @@ class TargetBackend(BatchedBackend):
         metrics: where its metrics go (default: kept in the process only).
 
     Raises:
-        ValueError: a config parameter out of range (named).
+        ValueError: a config parameter out of range or naming no model (named).
         FileNotFoundError: a model folder that does not exist.
     """
 
@@ -43,7 +45,10 @@ class TargetBackend(BatchedBackend):
 
     def __init__(self, params: dict[str, str], metrics: Metrics | None = None):
         super().__init__(params, metrics)
-        self.lm = load_cached_lm(resolve_model_path(self.settings.model_path), self.settings)
+        path = resolve_model_path(self.settings.model_path)
+        if path is None:
+            raise ValueError(f"config parameter 'model_path': {self.settings.model_path!r} names no model")
+        self.lm = load_cached_lm(path, self.settings)
         self.scorer = TargetScorer(self.lm)
         self._refresh_gauges()
 

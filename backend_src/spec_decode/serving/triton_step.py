@@ -39,9 +39,8 @@ class TritonStep:
     """The Triton transport of the generation loop: BLS calls to the ``spec_step`` ensemble.
 
     A round in which no sequence drafts (speculative_method none, k = 0, speculation disabled) goes to ``score_step``
-    instead (target_model -> verifier, the same tensors with empty drafts): draft_model would propose nothing, and its
-    hop cost ~1.6 ms per step (measured against spec_step, alternating, on one server). Releases always go through
-    ``spec_step``.
+    instead (target_model -> verifier, the same tensors with empty drafts), which saves draft_model's hop
+    (docs/benchmarks.md has its cost). Releases always go through ``spec_step``.
 
     A round of steps (see :mod:`.rounds`) goes as one request whose batch dimension holds one sequence per row, so
     each model of the ensemble gets the whole round in one ``execute`` and draft_model and target_model run it as one
@@ -76,6 +75,11 @@ class TritonStep:
         return model, self.pb.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=outputs)
 
     async def _exec(self, inps: list[StepInputs]) -> list[StepResult]:
+        """One round's request (:meth:`_request`) and its outputs per row, without padding.
+
+        Raises:
+            RuntimeError: the ensemble answered with an error (its message, and which step models are not ready).
+        """
         model, request = self._request(inps, release=False)
         resp = await request.async_exec()
         if resp.has_error():
@@ -96,7 +100,7 @@ class TritonStep:
 
     def _unready_parts(self) -> str:
         """After a failed step: which step models are not ready (a model whose process died is unloaded and loaded
-        again by the launcher, spec_decode/healing.py), as text to append to the error, or ""."""
+        again by the launcher's healer, :mod:`spec_decode.launcher.healer`), as text to append to the error, or ""."""
         is_ready = getattr(self.pb, "is_model_ready", None)  # Triton's model loading API for BLS
         try:
             down = [m for m in STEP_PARTS if is_ready is not None and not is_ready(m)]
@@ -115,7 +119,7 @@ class TritonStep:
         """
         return (await self._exec([inp]))[0]
 
-    async def run_batch(self, inps: list[StepInputs]) -> list:
+    async def run_batch(self, inps: list[StepInputs]) -> list[StepResult | BaseException]:
         """Run several sequences' steps (a round) through the ensemble, ``max_batch_size`` sequences per request.
 
         Returns:
@@ -124,7 +128,7 @@ class TritonStep:
             by the token ids, noise by (seed, step, position)).
         """
         chunks = [inps[i:i + self.max_batch_size] for i in range(0, len(inps), self.max_batch_size)]
-        out: list = []
+        out: list[StepResult | BaseException] = []
         for chunk, res in zip(chunks, await asyncio.gather(*(self._exec(c) for c in chunks), return_exceptions=True)):
             if not isinstance(res, BaseException):
                 out += res
@@ -145,8 +149,8 @@ class TritonStep:
         A release fails while a model of the ensemble is being loaded again (its process died): the other models then
         still hold the sequence's caches. Such a release (one that failed while a step model was not ready) is kept,
         the newest ``MAX_PENDING_RELEASES`` (the models' LRU bound covers the rest), and sent again, in requests of
-        its own, after the next release that succeeds. A release that fails otherwise is logged and dropped, as
-        before. Errors are logged, not raised.
+        its own, after the next release that succeeds. A release that fails otherwise is logged and dropped. Errors
+        are logged, not raised (docs/deployment.md).
         """
         try:
             inp = gen.next_step()

@@ -1,12 +1,12 @@
 """Backend of the ``verifier`` model: rejection sampling (lossless) or typical acceptance (not lossless).
 
-Config parameters: :class:`~spec_decode.settings.VerifierSettings` (``acceptance_method``, the default when a request
-names none; ``typical_epsilon``, ``typical_alpha``, ``backend``, ``num_threads``). Inputs:
-:data:`~.step_inputs.VERIFIER_INPUTS`. Outputs: ``output_ids`` INT64 [n] (1 <= n <= k+1) and ``output_log_probs`` FP32
-[n]; both empty for a release. The rows of one ``execute()`` (a round, and requests queued with it) are verified in one
-:meth:`~spec_decode.verifier.Verifier.verify_batch` call: one kernel launch per kind of row on CUDA; a row's bad input
-fails that row alone, a sampler error the rows verified with it. Greedy rows (temperature 0) are the argmax walk.
-Metrics: time verifying.
+Config parameters: :class:`~spec_decode.verifier.VerifierSettings` (``acceptance_method``, the default when a request
+names none; ``typical_epsilon``, ``typical_alpha``, ``backend``, ``num_threads``; docs/verifier.md). Inputs:
+:data:`~.wire.VERIFIER_INPUTS`. Outputs per row: ``output_ids`` INT64 [n] (1 <= n <= k+1) and ``output_log_probs``
+FP32 [n]; both empty for a release. The rows of one ``execute()`` (a round, and requests queued with it) are verified
+in one :meth:`~spec_decode.verifier.Verifier.verify_batch` call: one kernel launch per kind of row on CUDA; a row's bad
+input fails that row alone, a sampler error the rows verified with it. Greedy rows (temperature 0) are the argmax walk.
+Metrics (docs/metrics.md): time verifying.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from .wire import VERIFIER_INPUTS
 
 
 def _outputs(out: tuple[list[int], list[float]]) -> dict:
+    """A row's (ids, log-probs) as the verifier's outputs."""
     return {"output_ids": np.asarray(out[0], np.int64), "output_log_probs": np.asarray(out[1], np.float32)}
 
 

@@ -1,1 +1,1 @@
-"""The training tools: the corpus, the target as teacher, ``make draft`` (the draft LM), ``make speculator`` (EAGLE)."""
+"""The training tools: the corpus, the target as teacher, their command line, ``make draft`` and ``make speculator``."""

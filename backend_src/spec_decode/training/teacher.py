@@ -1,14 +1,15 @@
-"""The target as a teacher: its last hidden states and next-token choices over a corpus, teacher-forced.
+"""The target as teacher: its last hidden states and argmax over a corpus (cached on disk), and the distillation losses.
 
-One batched forward pass per group of sequences (:func:`teacher_pass`) keeps, for every position t of a sequence x,
-the target's last hidden state after x_t (after the final norm: what its LM head reads, and what the EAGLE head drafts
-from) and its argmax next token. The hidden state is the whole teacher: the target's next-token distribution at t is
-its LM head applied to it, so the training tools compute the distillation targets (Hinton et al. 2015) over their
-pruned vocabularies from the states as they train (:func:`target_logits`), and the pass skips the LM head's softmax
-over the full vocabulary. :func:`cached_teacher` keeps the result on disk in shards, outside the repository, so an
-interrupted run resumes and ``make draft`` and ``make speculator`` share one pass. On a CPU that multiplies bfloat16
-matrices natively (AMX, AVX-512 BF16) the pass over the training corpus runs the target in bfloat16
-(:func:`teacher_dtype`): ~3x the tokens per second of float32 here, so the tools see ~3x the data in their budget.
+:func:`teacher_pass` runs the target teacher-forced and keeps, for every position t of a sequence x, its last hidden
+state after x_t (after the final norm: what its LM head reads, and what the EAGLE head drafts from) and its argmax next
+token. The hidden state is the whole teacher: the target's next-token distribution at t is its LM head applied to it,
+so the training tools compute the distillation targets (knowledge distillation, Hinton et al. 2015) over their pruned
+vocabularies from the states as they train (:func:`target_logits`, :func:`target_distribution`,
+:func:`distillation_loss`), and the pass skips the LM head's softmax over the full vocabulary. :func:`cached_teacher`
+keeps the result on disk in shards, outside the repository, so an interrupted run resumes and ``make draft`` and
+``make speculator`` share one pass. On a CPU that multiplies bfloat16 matrices natively (AMX, AVX-512 BF16) the pass
+over the training corpus runs the target in bfloat16 (:func:`teacher_dtype`), so the tools see more data in their
+budget (docs/benchmarks.md has the speed-up).
 """
 
 from __future__ import annotations
@@ -16,21 +17,51 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11; the package also runs on 3.10, where annotations stay strings
+
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+    from ..engine.draft_vocab import DraftVocab
 
 logger = logging.getLogger(__name__)
 
 
+class CausalLM(Protocol):
+    """What the training tools use of the target: a transformers causal LM of the Llama layout (an embedding, a
+    decoder, a linear LM head; e.g. ``LlamaForCausalLM`` as :func:`spec_decode.engine.model_loading.load_causal_lm`
+    loads it)."""
+
+    config: PretrainedConfig
+
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]: ...
+
+    def get_decoder(self) -> nn.Module: ...
+
+    def get_input_embeddings(self) -> nn.Embedding: ...
+
+    def get_output_embeddings(self) -> nn.Linear: ...
+
+    def generate(self, *args: Any, **kwargs: Any) -> torch.Tensor: ...
+
+    def to(self, dtype: torch.dtype) -> Self: ...
+
+
 @dataclass
 class Teacher:
-    """The teacher's outputs for a list of sequences (index i: sequence i, positions 0..len-1).
+    """The teacher's outputs for a list of sequences (index i: sequence i of n tokens, positions 0..n-1).
 
     Attributes:
-        argmax: per sequence [n] int32, the target's most probable next token after each position.
-        hidden: per sequence [n, H] float16, its last hidden states (after the final norm).
+        argmax: per sequence [n] int32, the target's most probable next token after each position (CPU).
+        hidden: per sequence [n, H] float16, its last hidden states (after the final norm; CPU).
     """
 
     argmax: list[torch.Tensor]
@@ -38,13 +69,15 @@ class Teacher:
 
 
 @torch.inference_mode()
-def teacher_pass(model, sequences: list[list[int]], batch_tokens: int = 2048, progress: bool = True) -> Teacher:
+def teacher_pass(model: CausalLM, sequences: list[list[int]], batch_tokens: int = 2048,
+                 progress: bool = True) -> Teacher:
     """The target's last hidden state and argmax next token at every position of every sequence.
 
-    Sequences are grouped by length (right padding, masked) into forwards of about ``batch_tokens`` tokens.
+    Sequences are grouped by length (right padding, masked) into forwards of at most ``batch_tokens`` padded tokens
+    (a sequence longer than that gets a forward of its own).
 
     Args:
-        model: a transformers causal LM (``get_decoder()`` and ``get_output_embeddings()``), in eval mode.
+        model: the target (:class:`CausalLM`), in eval mode, on any device.
         sequences: token-id lists (each >= 1 token).
         batch_tokens: the most (padded) tokens per forward.
         progress: show a progress bar (tqdm).
@@ -100,7 +133,7 @@ def target_logits(hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
 
 def native_bfloat16(device: torch.device | None = None) -> bool:
     """Whether ``device`` (default: the CPU) multiplies bfloat16 matrices natively: CUDA, or a CPU with AMX or AVX-512
-    BF16 (where a bfloat16 product runs several times faster than float32; elsewhere it is emulated and slow)."""
+    BF16 (where bfloat16 products beat float32; elsewhere they are emulated and slow)."""
     if device is not None and device.type == "cuda":
         return True
     return any(getattr(torch.cpu, f, lambda: False)() for f in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"))
@@ -108,8 +141,7 @@ def native_bfloat16(device: torch.device | None = None) -> bool:
 
 def teacher_dtype(name: str = "auto", device: torch.device | None = None) -> torch.dtype:
     """The dtype of the target's pass over the training corpus on ``device`` (default: the CPU, where the tools run
-    it): ``float32``, ``bfloat16``, or ``auto`` (bfloat16 where :func:`native_bfloat16`: ~3x the tokens per second of
-    float32 on this project's 2-core machines; float32 elsewhere).
+    it): ``float32``, ``bfloat16``, or ``auto`` (bfloat16 where :func:`native_bfloat16`, float32 elsewhere).
 
     Raises:
         ValueError: another name.
@@ -121,7 +153,7 @@ def teacher_dtype(name: str = "auto", device: torch.device | None = None) -> tor
     return getattr(torch, name)
 
 
-def _key(model, model_dir: Path, sequences: list[list[int]]) -> str:
+def _key(model: CausalLM, model_dir: Path, sequences: list[list[int]]) -> str:
     h = hashlib.sha256()
     h.update(f"hidden+argmax:{next(model.parameters()).dtype}".encode())
     cfg = Path(model_dir) / "config.json"
@@ -134,10 +166,14 @@ def _key(model, model_dir: Path, sequences: list[list[int]]) -> str:
     return h.hexdigest()[:20]
 
 
-def cached_teacher(model, model_dir: Path, sequences: list[list[int]], cache: Path, shard: int = 64) -> Teacher:
+def cached_teacher(model: CausalLM, model_dir: Path, sequences: list[list[int]], cache: Path,
+                   shard: int = 64) -> Teacher:
     """:func:`teacher_pass` kept on disk under ``cache/<key>/`` in shards of ``shard`` sequences: a rerun (or the other
-    training tool) loads what is there and computes only what is missing. The key covers the model folder and dtype
-    and the sequences.
+    training tool) loads what is there and computes only what is missing.
+
+    The key covers the model's dtype, its folder ``model_dir`` (config.json and the safetensors files' names and sizes)
+    and the sequences. Each shard is written under a temporary name and renamed (``shard-NNNNN.pt``), and
+    ``done.json`` marks a complete pass, so an interrupted run leaves only whole shards.
 
     Returns:
         :class:`Teacher`, in the order of ``sequences``.
@@ -173,10 +209,14 @@ def _load(folder: Path, n: int, shard: int) -> Teacher:
     return out
 
 
-def greedy_continuations(model, tok, prompts: list[str], new_tokens: int, batch_size: int = 16,
-                         cache: Path | None = None) -> list[list[int]]:
-    """prompt ids + the target's greedy continuation (EOS and after dropped) for every prompt, batched
-    (transformers ``generate``); kept in ``cache`` (keyed by the model's config, the prompts and ``new_tokens``)."""
+def greedy_continuations(model: CausalLM, tok: PreTrainedTokenizerBase, prompts: list[str], new_tokens: int,
+                         batch_size: int = 16, cache: Path | None = None) -> list[list[int]]:
+    """Per prompt, its token ids + the target's greedy continuation of up to ``new_tokens`` tokens (EOS and after
+    dropped), generated ``batch_size`` prompts at a time (transformers ``generate``, left padding); kept in ``cache``
+    (``continuations-<key>.json``, keyed by the model's config, the prompts and ``new_tokens``) when given.
+
+    Sets ``tok.padding_side`` to ``"left"`` and, where it has none, its pad token to its EOS token.
+    """
     from tqdm import tqdm
 
     key = hashlib.sha256(json.dumps([str(model.config.to_dict()), prompts, new_tokens]).encode()).hexdigest()[:20]
@@ -206,10 +246,10 @@ def greedy_continuations(model, tok, prompts: list[str], new_tokens: int, batch_
 
 
 def target_distribution(target_logits: torch.Tensor, top_k: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sparse distillation target from the target's logits over the kept tokens (:func:`spec_decode.teacher.
-    target_logits`): its ``top_k`` most probable tokens, (probabilities [..., K] float32 renormalised over them, their
-    indices [..., K] int64), computed once for the losses of a step. (The top 32 carry nearly all of the target's mass
-    on code; the full distribution made a step of ``make speculator`` ~1.2x slower here.)"""
+    """The sparse distillation target from the target's logits [..., N] over the kept tokens (:func:`target_logits`):
+    its K = min(``top_k``, N) most probable tokens, (probabilities [..., K] float32 renormalised over them, their
+    indices [..., K] int64 into the N), computed once for the losses of a step. The top 32 carry nearly all of the
+    target's mass on code and cost less than the full distribution (docs/benchmarks.md has the measurement)."""
     values, idx = target_logits.float().topk(min(top_k, target_logits.shape[-1]), -1)
     return torch.softmax(values, -1), idx
 
@@ -221,7 +261,10 @@ def distillation_loss(student_logits: torch.Tensor, target: tuple[torch.Tensor, 
     Args:
         student_logits: [B, L, N] float, over the tokens the target's indices point into.
         target: :func:`target_distribution` of the target's logits ([B, L, K] probabilities, [B, L, K] indices).
-        mask: [B, L] 1.0 where the position counts.
+        mask: [B, L] 1.0 where the position counts, 0.0 elsewhere.
+
+    Returns:
+        0-dim float32 tensor (0 when no position counts).
     """
     p, idx = target
     log_q = torch.log_softmax(student_logits.float(), -1).gather(-1, idx)
@@ -230,12 +273,15 @@ def distillation_loss(student_logits: torch.Tensor, target: tuple[torch.Tensor, 
 
 
 def choose_vocabulary(seqs: list[list[int]], argmax: list[torch.Tensor], size: int, target_vocab_size: int,
-                      always=()):
+                      always: Iterable[int] = ()) -> DraftVocab:
     """The ``size`` most frequent target tokens of the training text and of the target's argmax predictions.
 
     Args:
         seqs: the corpus' token-id lists.
         argmax: per sequence [n] the target's argmax next token at each position (:class:`Teacher`).
+        size: tokens to keep (at most ``target_vocab_size``).
+        target_vocab_size: V of the target.
+        always: ids kept whatever their count (e.g. EOS).
 
     Returns:
         :class:`~spec_decode.engine.draft_vocab.DraftVocab` (sorted ids; ``always`` ids included).

@@ -1,10 +1,4 @@
-"""The verifier: accepts a prefix of the draft tokens (rejection sampling, lossless; typical acceptance, approximate).
-
-Public API: :func:`rejection_sample` and :func:`typical_acceptance_sample` (:mod:`.rejection`), and :class:`Verifier`
-(:mod:`.verifier`), which verifies a round of sequences with the configured acceptance method in one sampler call per
-kind of row. CUDA tensors run the Triton kernels of :mod:`.kernels`; CPU tensors the torch maths of
-:mod:`.torch_impl`.
-"""
+"""The verifier: rejection sampling (lossless) and typical acceptance, as Triton kernels (CUDA) and in torch (CPU)."""
 
 from .rejection import rejection_sample, typical_acceptance_sample, validate_inputs
 from .verifier import Verifier, VerifierRow, VerifierSettings

@@ -16,7 +16,14 @@ _PTRS = {"tp_ptr": "*fp32", "dp_ptr": "*fp32", "ids_ptr": "*i64", "seeds_ptr": "
 
 
 def compile_all(arch: int = 90, block_v: int = 4096) -> list[str]:
-    """Compile each kernel variant for ``cuda:arch``; returns a line per variant. Raises on a compile error."""
+    """Compile each kernel variant for ``cuda:arch`` (compute capability x 10) with tiles of ``block_v``.
+
+    Returns:
+        one line per variant compiled.
+
+    Raises:
+        triton.compiler.errors.CompilationError: a kernel the compiler rejects. AssertionError: no PTX produced.
+    """
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.compiler import compile as triton_compile

@@ -289,9 +289,15 @@ def _on(dev: torch.device):
 
 
 def rejection_triton(target_probs, draft_token_ids, draft_probs, seeds, is_greedy, noise=None) -> torch.Tensor:
-    """Launch :func:`rejection_kernel`. ``noise`` = (uniform [B, k], exponential [B, V]) or None (Philox in-kernel).
+    """Launch :func:`rejection_kernel` on inputs that :func:`~.rejection.validate_inputs` accepted.
 
-    Returns [B, k+1] int64 on the input device.
+    Args:
+        target_probs, draft_token_ids, draft_probs: as :func:`~.rejection.rejection_sample`.
+        seeds: [B] int64 >= 0. is_greedy: [B] bool.
+        noise: (uniform [B, k], exponential [B, V]) float32, or None: Philox in-kernel, keyed by (row seed, offset).
+
+    Returns:
+        [B, k+1] int64 on the input device.
 
     Raises:
         ValueError: a probability the kernel read was NaN, infinite or negative, or the target row it sampled from
@@ -319,7 +325,11 @@ def rejection_triton(target_probs, draft_token_ids, draft_probs, seeds, is_greed
 
 def typical_triton(target_probs, draft_token_ids, posterior_threshold, posterior_alpha, seeds, is_greedy,
                    exponential=None) -> torch.Tensor:
-    """Launch :func:`typical_kernel`; ``exponential`` [B, V] or None (Philox in-kernel). Returns [B, k+1] int64.
+    """Launch :func:`typical_kernel`: arguments as :func:`rejection_triton`, epsilon and alpha as
+    :func:`~.rejection.typical_acceptance_sample`; ``exponential`` [B, V] float32 or None (Philox in-kernel).
+
+    Returns:
+        [B, k+1] int64 on the input device.
 
     Raises:
         ValueError: as :func:`rejection_triton`.

@@ -1,12 +1,20 @@
 """Public verifier API: rejection sampling and typical acceptance, on Triton kernels (CUDA) or torch (CPU).
 
+Vocabulary (as vLLM v1's ``rejection_sampler.py``), per row of a batch:
+
+- accepted tokens: the leading drafts the test accepts, a prefix of the row's k drafts;
+- recovered token: drawn at the first rejected draft, from the residual normalize(max(0, p_i - q_i));
+- bonus token: drawn from the target alone at the position after the last accepted draft when no draft was rejected
+  there (all k accepted, or a -1 placeholder reached);
+- placeholder: a draft id of -1, padding a row to the batch's k (:class:`~spec_decode.verifier.Verifier`).
+
 Rejection sampling follows Leviathan et al. 2023 ("Fast Inference from Transformers via Speculative Decoding"), Chen et
 al. 2023 and vLLM's ``RejectionSampler``: draft x_i is accepted with probability min(1, p(x_i) / q(x_i)); at the first
 rejection a recovered token is drawn from normalize(max(0, p_i - q_i)); when all k drafts are accepted a bonus token is
 drawn from target_probs[k]. The output distribution equals the target's exactly. The rule at each boundary (p = 0,
 q = 0, p = q, u at 0 or near 1, empty residuals, placeholders, half-precision underflow, invalid values) is listed in
 :func:`rejection_sample`. Typical acceptance follows Medusa (Cai et al. 2024) and vLLM's ``TypicalAcceptanceSampler``;
-it is faster and NOT lossless.
+it is faster and NOT lossless. docs/verifier.md shows the API in use.
 """
 
 from __future__ import annotations
@@ -28,10 +36,11 @@ MAX_K = 65535  # the most drafts per row: the kernels draw the race's noise from
 
 def check_typical_parameters(posterior_threshold: float, posterior_alpha: float,
                              names: tuple[str, str] = ("posterior_threshold", "posterior_alpha")) -> None:
-    """Typical acceptance's epsilon and delta: finite numbers in [0, 3.4e38] (they are used as float32 values).
+    """Check typical acceptance's epsilon and delta: finite numbers in [0, 3.4e38] (they are used as float32 values).
 
     Args:
-        posterior_threshold, posterior_alpha: the values to check. names: how the error names them.
+        posterior_threshold, posterior_alpha: the values to check.
+        names: how the error names them.
 
     Raises:
         InvalidInputError: naming the parameter and the allowed range (negative, NaN, infinite, beyond float32, or

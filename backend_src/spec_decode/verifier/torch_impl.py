@@ -59,8 +59,7 @@ def _row_at(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 
 
 def _greedy_accepts(p: torch.Tensor, ids: torch.Tensor, p_x: torch.Tensor) -> torch.Tensor:
-    """[B, k] bool: greedy rows accept x_i while it is the argmax of p_i (p [B, k, V]; lowest index on ties) and
-    p(x_i) = p_x > 0 (an all-zero row accepts nothing)."""
+    """[B, k] bool: x_i is the argmax of p_i [B, k, V] (lowest index on ties) and p(x_i) = p_x > 0."""
     return (ids == p.argmax(-1)) & (p_x > 0)
 
 

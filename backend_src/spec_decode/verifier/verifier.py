@@ -45,6 +45,8 @@ class VerifierSettings(ConfigSettings):
     num_threads: int = 1
 
     def check(self) -> None:
+        """acceptance_method and backend among their values, epsilon and alpha finite in [0, float32 max],
+        num_threads >= 0."""
         object.__setattr__(self, "acceptance_method", check_acceptance_method("acceptance_method",
                                                                               self.acceptance_method))
         check_typical_parameters(self.typical_epsilon, self.typical_alpha, ("typical_epsilon", "typical_alpha"))
@@ -142,7 +144,7 @@ class Verifier:
             ValueError: invalid probabilities (the sampler's error fails the whole call).
         """
         results: list = [None] * len(rows)
-        groups: dict[tuple, list[VerifierRow]] = {}
+        groups: dict[tuple, list[int]] = {}  # what a sampler call needs in common -> row indices
         s = self.settings
         for i, row in enumerate(rows):
             tp = row.target_probs
@@ -152,10 +154,13 @@ class Verifier:
         for (typical, with_dp, dev, dtype, v), idx in groups.items():
             group = [rows[i] for i in idx]
             k = max(row.k for row in group)
+            dp: torch.Tensor | None = None
             if len(group) == 1:  # one sequence: its own tensors, no padded copy
                 (row,) = group
                 tp, ids = row.target_probs[None], row.draft_token_ids.to(device=dev, dtype=torch.int64)[None]
-                dp = row.draft_probs.to(device=dev, dtype=dtype)[None] if with_dp else None
+                if with_dp:
+                    assert row.draft_probs is not None  # with_dp: it has draft probabilities
+                    dp = row.draft_probs.to(device=dev, dtype=dtype)[None]
             else:
                 tp = torch.zeros((len(group), k + 1, v), dtype=dtype, device=dev)
                 ids = torch.full((len(group), k), -1, dtype=torch.int64, device=dev)
@@ -164,6 +169,7 @@ class Verifier:
                     tp[r, : row.k + 1] = row.target_probs
                     ids[r, : row.k] = row.draft_token_ids.to(device=dev, dtype=torch.int64)
                     if with_dp:
+                        assert dp is not None and row.draft_probs is not None  # with_dp: both exist
                         dp[r, : row.k] = row.draft_probs.to(device=dev, dtype=dtype)
             seeds = torch.tensor([mix_seed(row.seed, row.step) for row in group], dtype=torch.int64)
             is_greedy = torch.tensor([bool(row.greedy) for row in group])

@@ -1,12 +1,13 @@
-"""A draft language model proposer (Leviathan et al. 2023; vLLM ``MultiStepWorker``; HF assisted generation).
+"""The draft LM proposer: a small causal LM drafts k tokens (Leviathan et al. 2023; vLLM ``MultiStepWorker``; HF
+assisted generation).
 
 Any Hugging Face causal-LM folder with the target's tokenizer. It keeps its own per-sequence KV cache
-(:class:`~spec_decode.kv_cache.CachedCausalLM`) and samples k tokens autoregressively from its distribution after the
-request's sampling transforms, returning those distributions as ``draft_probs`` for rejection sampling. A round's
-sequences share each of the k forwards.
+(:class:`~spec_decode.engine.kv_cache.CachedCausalLM`) and samples k tokens autoregressively from its distribution
+after the request's sampling transforms, returning those distributions as ``draft_probs`` for rejection sampling. A
+round's sequences share each of the k forwards.
 
-A draft with a pruned vocabulary (:class:`~spec_decode.draft_vocab.DraftVocab`, ``draft_vocab.json`` in its folder;
-as ``make draft`` builds it) reads target ids mapped into its vocabulary and proposes only kept tokens; its
+A draft with a pruned vocabulary (:class:`~spec_decode.engine.draft_vocab.DraftVocab`, ``draft_vocab.json`` in its
+folder, as ``make draft`` builds it) reads target ids mapped into its vocabulary and proposes only kept tokens; its
 probabilities are scattered back to the target's vocabulary, zero elsewhere, so rejection sampling stays exact.
 """
 
@@ -35,13 +36,15 @@ class DraftLMSettings(LMSettings):
             ``none`` (no draft LM: ``speculative_method=draft`` is refused), ``default`` (the embedded target drafting
             for itself; for tests), or a Hugging Face causal-LM folder sharing the target's tokenizer.
         draft_min_token_prob: a step drafts its next slot while the product of its drafts' probabilities so far and
-            the slot's top probability is >= this, in [0, 1]; 0 drafts every slot (:func:`~.base.confident`).
+            the slot's top probability is >= this, in [0, 1]; 0 drafts every slot
+            (:func:`~spec_decode.proposers.base.confident`).
     """
 
     draft_model_path: str = "auto"
     draft_min_token_prob: float = 0.3
 
     def check(self) -> None:
+        """As :meth:`~spec_decode.settings.LMSettings.check`, and draft_min_token_prob in [0, 1]."""
         super().check()
         in_range("draft_min_token_prob", self.draft_min_token_prob, 0.0, 1.0)
 
@@ -53,7 +56,8 @@ class DraftModelProposer(Proposer):
         lm: the draft model wrapped with its per-sequence KV cache.
         vocab: the draft's pruned vocabulary, or None when it shares the target's.
         min_token_prob: a step stops drafting at the first slot where (the product of its drafts' probabilities so far)
-            x (the slot's top probability) falls below this (:func:`~.base.confident`; 0 drafts every slot).
+            x (the slot's top probability) falls below this; 0 drafts every slot
+            (:func:`~spec_decode.proposers.base.confident`).
     """
 
     name = "draft"
@@ -79,6 +83,7 @@ class DraftModelProposer(Proposer):
 
         Raises:
             FileNotFoundError: a folder that does not exist.
+            ValueError: CUDA asked for but not available.
         """
         path = resolve_draft_path(settings.draft_model_path)
         if path is None:
@@ -89,7 +94,8 @@ class DraftModelProposer(Proposer):
         return self.vocab.map_ids(token_ids) if self.vocab is not None else list(token_ids)
 
     def check(self, request: ProposalRequest) -> None:
-        """Raise InvalidInputError for token ids outside the target's vocabulary (the draft LM's bound)."""
+        """Raise InvalidInputError for token ids outside the draft's vocabulary (the target's, for a pruned one) or
+        more of them than the draft LM's positions."""
         self.lm.check(self._draft_ids(request.token_ids), 1)
 
     def propose(self, requests: list[ProposalRequest]) -> list[Proposal]:

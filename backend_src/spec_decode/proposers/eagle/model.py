@@ -74,6 +74,9 @@ class EagleHead(nn.Module):
         ValueError: shapes that disagree, or heads that do not divide.
     """
 
+    embedding: torch.Tensor  # buffers (register_buffer), declared for the type checker
+    head: torch.Tensor
+
     def __init__(self, embedding: torch.Tensor, head: torch.Tensor, config: dict):
         super().__init__()
         h = embedding.shape[1]
@@ -102,7 +105,8 @@ class EagleHead(nn.Module):
 
     @property
     def max_positions(self) -> int:
-        """The target's ``max_position_embeddings`` (0: no bound known, as heads saved before it was recorded)."""
+        """The target's ``max_position_embeddings``; 0 when the head's config.json does not record it (no bound
+        known)."""
         return int(self.config.get("max_position_embeddings", 0) or 0)
 
     @property
@@ -194,7 +198,7 @@ class EagleHead(nn.Module):
         """The head (eval mode) and its vocabulary from a folder :meth:`save` wrote.
 
         Raises:
-            FileNotFoundError: no ``config.json`` or weights there.
+            FileNotFoundError: no ``config.json``, weights or ``draft_vocab.json`` there.
         """
         from safetensors.torch import load_file
 
@@ -203,7 +207,10 @@ class EagleHead(nn.Module):
         state = load_file(str(folder / WEIGHTS_FILE))
         model = cls(state["embedding"], state["head"], cfg)
         model.load_state_dict(state)
-        return model.eval(), load_draft_vocab(folder)
+        vocab = load_draft_vocab(folder)
+        if vocab is None:  # save() writes it beside every head
+            raise FileNotFoundError(f"EAGLE head folder {str(folder)!r} has no draft_vocab.json")
+        return model.eval(), vocab
 
 
 def eagle_config(target_config) -> dict:

@@ -43,6 +43,7 @@ class EagleSettings(LMSettings):
     eagle_min_token_prob: float = 0.3
 
     def check(self) -> None:
+        """As :meth:`~spec_decode.settings.LMSettings.check`, and eagle_min_token_prob in [0, 1]."""
         super().check()
         in_range("eagle_min_token_prob", self.eagle_min_token_prob, 0.0, 1.0)
 
@@ -98,6 +99,7 @@ class EagleProposer(Proposer):
 
         Raises:
             FileNotFoundError: a folder without a head.
+            ValueError: CUDA asked for but not available.
         """
         path = resolve_eagle_path(settings.eagle_path)
         if path is None:
@@ -147,6 +149,7 @@ class EagleProposer(Proposer):
             t, c = z.shape[0], ctx.length
             ctx.write(c, k[0, :, at : at + t], v[0, :, at : at + t])
             mask = torch.ones(t, c + t, dtype=torch.bool, device=z.device).tril(c)[None, None]
+            assert ctx.keys is not None and ctx.values is not None  # write() allocated them
             atts.append(m.attend(q[:, :, at : at + t], ctx.keys[None, :, : c + t], ctx.values[None, :, : c + t], mask))
             at += t
         out = m.finish(torch.cat([z for _, z, _ in rows])[None], torch.cat(atts, 1))[0]
@@ -155,15 +158,16 @@ class EagleProposer(Proposer):
     def _extend(self, r: ProposalRequest, ctx: EagleContext) -> tuple[torch.Tensor, torch.Tensor]:
         """Cut ``ctx`` back to the pairs ``r`` still commits and return the inputs (z [T, H], positions [T]) of the
         pairs to add, T >= 1 (the last pair, n - 1, is always recomputed: its output drafts)."""
-        m, ids = self.model, r.token_ids
-        n, first = len(ids) - 1, len(ids) - 1 - len(r.hidden_states)  # last committed index; first state's position
+        m, ids, hidden = self.model, r.token_ids, r.hidden_states
+        assert hidden is not None  # _take_in extends only the requests that bring states
+        n, first = len(ids) - 1, len(ids) - 1 - len(hidden)  # last committed index; first state's position
         held = min(common_prefix_len(ctx.ids, ids) - 1 - ctx.start, ctx.length, n - 1 - ctx.start)
         if ctx.length == 0 or held < 0 or ctx.start + held < first:  # pairs missing before the states: start over
             ctx.start, held = first, 0
         ctx.length, ctx.ids = held, list(ids)
         lo = ctx.start + held
         dev = m.head.device
-        features = r.hidden_states[lo - first :].to(device=dev, dtype=m.head.dtype)
+        features = hidden[lo - first :].to(device=dev, dtype=m.head.dtype)
         tokens = torch.tensor(self.vocab.map_ids(ids[lo + 1 :]), device=dev)
         return m.pair_inputs(features, tokens), torch.arange(lo, n, device=dev)
 
@@ -188,7 +192,7 @@ class EagleProposer(Proposer):
     def observe(self, requests: list[ProposalRequest]) -> None:
         """Take in the hidden states of steps that another proposer drafts (hybrid's suffix steps), so that the
         contexts stay whole: a context that misses a step starts again at the next one it sees, and drafts less well
-        (held out, 1.36 tokens per step drafting every slot when every step starts again, against 1.48)."""
+        (docs/benchmarks.md)."""
         self._take_in(requests)
 
     @torch.inference_mode()
@@ -201,6 +205,7 @@ class EagleProposer(Proposer):
         rows: list[list[torch.Tensor]] = [[] for _ in requests]
         score = [0.0] * len(requests)
         if live:
+            assert state is not None  # _take_in returns states for every live request
             touched = list(zip(live, ctxs))
             running = [1.0] * len(live)  # the product of the row's drafts' probabilities so far
             for i in range(max(requests[j].k for j in live)):

@@ -4,21 +4,45 @@
 ``add_active_response``, ``stop_request``, ``speculate``) and runs on one of two engines' trees:
 
 - ``arctic`` (default when importable): Arctic Inference's C++ ``SuffixTree``, path-compressed with children kept in
-  count order (``scripts/build_suffix_tree.sh`` builds it from the PyPI sdist). Measured at depth 64 with 10,000
-  cached responses of 500 tokens: ~330 B per cached token (1.56 GB), ~0.09 ms median per speculate (p99 0.2 ms),
-  5-8 us per inserted token (``bench/suffix_cache.py``). It matches at most len(context) - 1 tokens and may break
-  ties between equally frequent children differently.
+  count order (``scripts/build_suffix_tree.sh`` builds it from the PyPI sdist). It matches at most len(context) - 1
+  tokens and may break ties between equally frequent children differently. docs/benchmarks.md has its memory per
+  cached token and time per speculate (``python -m bench.suffix_cache``).
 - ``python``: :class:`~.tree.SuffixTree`, a pure-Python dictionary trie with the same semantics (no compiler
-  needed). Updates cost O(max_tree_depth) per token, memory ~300 B per node and up to max_tree_depth nodes per token of
-  text that never repeats (~16 KB per cached token at depth 64), so it suits small caches only.
+  needed). Updates cost O(max_tree_depth) per token, and text that never repeats adds up to max_tree_depth nodes per
+  token, so it suits small caches only.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from typing import Any, Protocol
 
 from .tree import SuffixDraft, SuffixTree, speculate
+
+
+class _Engine(Protocol):
+    """The trees of one engine, as :class:`SuffixCache` drives them (a tree is the engine's own type)."""
+
+    name: str
+
+    def new_tree(self) -> Any:
+        """An empty tree."""
+
+    def extend(self, tree: Any, tokens: list[int]) -> None:
+        """Append ``tokens`` to the tree's current sequence (a request's tree)."""
+
+    def add(self, tree: Any, seq_id: int, tokens: list[int]) -> None:
+        """Insert a whole sequence, keyed by ``seq_id`` (int32; the global tree)."""
+
+    def remove(self, tree: Any, seq_id: int, tokens: Sequence[int]) -> None:
+        """Undo :meth:`add` of ``seq_id`` (``tokens``: what it added)."""
+
+    def speculate(self, tree: Any, context: list[int], own: bool, k: int, factor: float, offset: float,
+                  min_prob: float) -> SuffixDraft:
+        """The tree's best draft for the end of ``context`` (:func:`~.tree.speculate`'s arguments); ``own``: the
+        tree is the request's, whose current sequence is ``context``."""
 
 
 class _PythonEngine:
@@ -38,7 +62,7 @@ class _PythonEngine:
     def add(self, tree: SuffixTree, seq_id: int, tokens: list[int]) -> None:
         tree.add_sequence(tokens)
 
-    def remove(self, tree: SuffixTree, seq_id: int, tokens) -> None:
+    def remove(self, tree: SuffixTree, seq_id: int, tokens: Sequence[int]) -> None:
         tree.remove_sequence(list(tokens))
 
     def speculate(self, tree: SuffixTree, context: list[int], own: bool, k: int, factor: float, offset: float,
@@ -66,7 +90,7 @@ class _ArcticEngine:
     def add(self, tree, seq_id: int, tokens: list[int]) -> None:
         tree.extend(seq_id, tokens)
 
-    def remove(self, tree, seq_id: int, tokens: list[int]) -> None:
+    def remove(self, tree, seq_id: int, tokens: Sequence[int]) -> None:
         tree.remove(seq_id)
 
     def speculate(self, tree, context: list[int], own: bool, k: int, factor: float, offset: float,
@@ -94,12 +118,12 @@ class SuffixCache:
     """
 
     def __init__(self, engine: str, max_tree_depth: int = 64, max_cached_requests: int = 10000):
-        self.engine = _ArcticEngine(max_tree_depth) if engine == "arctic" else _PythonEngine(max_tree_depth)
+        self.engine: _Engine = _ArcticEngine(max_tree_depth) if engine == "arctic" else _PythonEngine(max_tree_depth)
         self.max_tree_depth = max_tree_depth
         self.max_cached_requests = max_cached_requests
         self.global_tree = self.engine.new_tree()
-        self._local: dict = {}  # req_id -> (tree over prompt + response, response tokens)
-        self._cached: OrderedDict = OrderedDict()  # global seq id -> response tokens, oldest first
+        self._local: dict[Hashable, tuple[Any, list[int]]] = {}  # req_id -> (tree over prompt + response, response)
+        self._cached: OrderedDict[int, array] = OrderedDict()  # global seq id -> response tokens, oldest first
         self._next_global_id = 0
         self._cached_token_count = 0
 
@@ -113,7 +137,7 @@ class SuffixCache:
         return self._cached_token_count
 
     def start_request(self, req_id, prompt_token_ids) -> None:
-        """Begin a request: its tree holds the prompt."""
+        """Begin a request: its tree holds the prompt (ValueError if it is active already)."""
         if req_id in self._local:
             raise ValueError(f"Request '{req_id}' is already active")
         tree = self.engine.new_tree()
@@ -154,8 +178,15 @@ class SuffixCache:
                   max_spec_offset: float = 0.0, min_token_prob: float = 0.1, use_global: bool = True) -> SuffixDraft:
         """Best draft of the request's tree and the global tree for the end of ``context`` (ties: the request's).
 
-        ``context`` must end with the request's sequence so far; only its last max_tree_depth tokens are matched.
-        ``use_global=False`` matches the request's tree only.
+        Args:
+            req_id: an active request.
+            context: token ids ending with the request's sequence so far; only the last max_tree_depth are matched.
+            max_spec_tokens, max_spec_factor, max_spec_offset, min_token_prob: the draft's bounds
+                (:func:`~.tree.speculate`).
+            use_global: False matches the request's tree only.
+
+        Raises:
+            ValueError: ``req_id`` is not active.
         """
         if req_id not in self._local:
             raise ValueError(f"Request '{req_id}' is not active")
@@ -177,7 +208,7 @@ def arctic_available() -> bool:
     return True
 
 
-BACKENDS = ("auto", "arctic", "python")
+BACKENDS = ("auto", "arctic", "python")  # suffix_backend's values
 
 
 def make_cache(backend: str, max_tree_depth: int, max_cached_requests: int) -> SuffixCache:

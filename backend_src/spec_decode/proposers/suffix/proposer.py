@@ -41,6 +41,7 @@ class SuffixSettings(ConfigSettings):
     backend: str = "auto"
 
     def check(self) -> None:
+        """Each field in its range (see Attributes); backend one of :data:`~.cache.BACKENDS`."""
         in_range("max_tree_depth", self.max_tree_depth, 1)
         in_range("max_cached_requests", self.max_cached_requests, 0)
         in_range("max_spec_factor", self.max_spec_factor, 0.0)
@@ -101,7 +102,8 @@ class SuffixProposer(Proposer):
         self._ids.put(seq_id, list(token_ids))
 
     def speculate(self, seq_id: int, token_ids: list[int], k: int, use_global: bool = True) -> SuffixDraft:
-        """Best draft of the request's tree and the global tree for the end of ``token_ids`` (at most ``k`` tokens).
+        """Best draft of the request's tree and the global tree for the end of ``token_ids`` (at most ``k`` tokens),
+        after feeding the cache the ids it has not seen.
 
         Args:
             seq_id: the sequence (uint64).

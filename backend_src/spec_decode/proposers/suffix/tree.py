@@ -117,9 +117,14 @@ class SuffixDraft:
 
 def speculate(tree: SuffixTree, context: list[int], max_spec_tokens: int, max_spec_factor: float = 1.0,
               max_spec_offset: float = 0.0, min_token_prob: float = 0.1, nodes: list | None = None) -> SuffixDraft:
-    """Best speculation from ``tree`` for the end of ``context`` (see module docstring).
+    """Best speculation from ``tree`` for the end of ``context`` (the rule: module docstring).
 
     Args:
+        tree: the trie matched.
+        context: token ids; its last m tokens are matched, m = 1 .. min(max_depth, len(context)).
+        max_spec_tokens, max_spec_factor, max_spec_offset: a match of m tokens drafts at most
+            min(max_spec_tokens, floor(m * max_spec_factor + max_spec_offset)) tokens.
+        min_token_prob: a draft stops before the token whose running probability falls below this.
         nodes: the nodes of context's suffixes by length when already known (a request's own trie, whose current
             sequence is the context: :meth:`SuffixTree.suffix_nodes`), which saves walking from the root for each m.
 
@@ -135,7 +140,9 @@ def speculate(tree: SuffixTree, context: list[int], max_spec_tokens: int, max_sp
         if node is None or node[_COUNT] <= 0:
             break  # a longer suffix cannot occur if this one does not
         allowed = min(max_spec_tokens, int(m * max_spec_factor + max_spec_offset))
-        tokens, probs, prob = [], [], 1.0
+        tokens: list[int] = []
+        probs: list[float] = []
+        prob = 1.0
         while len(tokens) < allowed and node[_CHILDREN]:
             tok, child = max(node[_CHILDREN].items(), key=lambda kv: (kv[1][_COUNT], -kv[0]))
             prob *= child[_COUNT] / node[_COUNT]
