@@ -1,8 +1,9 @@
 """The training tools' shared command line: their data options, the run's folders and target, publishing the result.
 
-``make draft`` (:mod:`.draft`) and ``make speculator`` (:mod:`.speculator`) take the same data options
-(:func:`add_data_arguments`), start the same way (:func:`start_run`), build the same data (:func:`training_data`: the
-corpus, the target's passes over it, the held-out evaluation) and publish their folder the same way (:func:`publish`).
+``make draft`` (:mod:`.draft`) and ``make speculator`` (:mod:`.speculator`) parse their command line from one base
+(:func:`tool_parser`, with the data options of :func:`add_data_arguments`), start the same way (:func:`start_run`),
+build the same data (:func:`training_data`: the corpus, the target's passes over it, the held-out evaluation) and
+publish their folder the same way (:func:`publish`).
 docs/trained-proposers.md describes the tools and their options for users.
 """
 
@@ -170,3 +171,16 @@ def add_data_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--eval-tokens", type=int, default=128, help="target continuation length per held-out task")
     ap.add_argument("--seed", type=int, default=0, help="seed of the corpus order, the batches and the init")
     ap.add_argument("--fresh", action="store_true", help="ignore the work folder's checkpoint")
+
+
+def tool_parser(module: str, doc: str, output_help: str) -> argparse.ArgumentParser:
+    """The command line both tools start from: ``python -m <module>``, the description (``doc``'s first paragraph), the
+    data options (:func:`add_data_arguments`), ``--output`` (helped by ``output_help``) and ``--corpus-seq-len``, which
+    must be the same in both for them to share the teacher's pass."""
+    ap = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n\n")[0],
+                                 formatter_class=HelpFormatter)
+    add_data_arguments(ap)
+    ap.add_argument("--output", type=Path, default=None, help=output_help)
+    ap.add_argument("--corpus-seq-len", type=int, default=512,
+                    help="longest corpus window (the same in make draft and make speculator, which share the teacher)")
+    return ap

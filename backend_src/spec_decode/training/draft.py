@@ -32,7 +32,6 @@ describes the tool for users; docs/benchmarks.md has its running time.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -142,15 +141,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..engine.surgery import prune_vocabulary, truncated_copy
     from ..proposers.draft_lm import default_draft_dir, default_draft_ready
-    from .cli import HelpFormatter, add_data_arguments, publish, start_run, training_data
+    from .cli import publish, start_run, tool_parser, training_data
     from .teacher import choose_vocabulary, distillation_loss, target_distribution, target_logits
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=HelpFormatter)
-    add_data_arguments(ap)
-    ap.add_argument("--output", type=Path, default=None, help="draft folder (default: the cache's default draft)")
+    ap = tool_parser("spec_decode.training.draft", __doc__ or "", "draft folder (default: the cache's default draft)")
     ap.add_argument("--layers", type=int, default=3, help="decoder layers kept from the target")
-    ap.add_argument("--corpus-seq-len", type=int, default=512, help="longest corpus window (as make speculator's)")
     ap.add_argument("--draft-vocab", type=int, default=8192,
                     help="keep the N most frequent tokens in the draft's vocabulary (0 = the target's full vocabulary)")
     ap.add_argument("--steps", type=int, default=400, help="optimizer steps")

@@ -29,7 +29,6 @@ docs/benchmarks.md has its running time.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -213,14 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     from ..proposers.eagle import REPORT_FILE, EagleHead, EagleProposer, EagleSettings, default_eagle_dir, eagle_config
-    from .cli import HelpFormatter, add_data_arguments, publish, start_run, training_data
+    from .cli import publish, start_run, tool_parser, training_data
     from .teacher import choose_vocabulary
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=HelpFormatter)
-    add_data_arguments(ap)
-    ap.add_argument("--output", type=Path, default=None, help="head folder (default: the cache's default)")
-    ap.add_argument("--corpus-seq-len", type=int, default=512, help="longest corpus window (as make draft's)")
+    ap = tool_parser("spec_decode.training.speculator", __doc__ or "", "head folder (default: the cache's default)")
     ap.add_argument("--draft-vocab", type=int, default=8192, help="kept tokens of the embedding and LM head")
     ap.add_argument("--seq-len", type=int, default=256, help="pairs per training window")
     ap.add_argument("--depth", type=int, default=3, help="draft positions unrolled in training (>= 1)")
