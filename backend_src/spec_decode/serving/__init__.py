@@ -6,7 +6,8 @@
   ``model_repository/<model>/1/model.py``. Each takes plain numpy/torch inputs and returns plain outputs, so it is
   testable without Triton.
 - :mod:`.adapter`: the pb_utils boundary (:func:`~.adapter.execute` converts Triton's tensors for the backends);
-  :mod:`.step_inputs` decodes and checks a step row; :mod:`.batching` serves the rows of one ``execute()`` together.
+  :mod:`.generate_inputs` decodes and checks generate's inputs, :mod:`.step_inputs` a step row; :mod:`.batching`
+  serves the rows of one ``execute()`` together.
 - :mod:`.rounds` and :mod:`.triton_step`: generate's lockstep rounds and their BLS transport to the step ensembles;
   :mod:`.local_ensemble` runs the same round in one process.
 - :mod:`.metrics`: the Prometheus metrics every model exports.

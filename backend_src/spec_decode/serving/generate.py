@@ -21,10 +21,10 @@ from ..engine.model_loading import load_tokenizer, resolve_model_path
 from ..generation import Chunk, Generation
 from ..proposers import DraftLMSettings, DraftModelProposer, k_schedule, offered_methods
 from ..protocol import StepInputs, StepResult
-from ..request import RequestLimits, parse_request
 from ..schedule import speculation_disabled
 from ..settings import DraftModelSettings, GenerateSettings, InvalidInputError, one_of, warn_unknown_parameters
 from .adapter import error_response, read_inputs
+from .generate_inputs import RequestLimits, parse_request
 from .metrics import Metrics, stats_tuple
 from .rounds import StepRounds
 from .triton_step import TritonStep

@@ -65,8 +65,9 @@ def test_a_new_proposer_is_served_with_its_config_parameter_and_offered_to_clien
     one propose call, generate offers and accepts it, and greedy output through the served backends is still the
     target's own greedy output."""
     from spec_decode.generation import Generation
-    from spec_decode.request import GenerationRequest, RequestLimits, parse_request
+    from spec_decode.request import GenerationRequest
     from spec_decode.serving.draft_model import DraftBackend
+    from spec_decode.serving.generate_inputs import RequestLimits, parse_request
     from spec_decode.serving.local_ensemble import LocalEnsemble
     from spec_decode.serving.target_model import TargetBackend
     from spec_decode.serving.verifier_model import VerifierBackend

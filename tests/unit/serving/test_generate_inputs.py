@@ -1,9 +1,11 @@
-"""spec_decode.request: request validation; every bad field gets an error naming it."""
+"""spec_decode.serving.generate_inputs (and spec_decode.request): request validation; every bad field gets an error
+naming it."""
 
 import numpy as np
 import pytest
 
-from spec_decode.request import GenerationRequest, RequestLimits, parse_request
+from spec_decode.request import GenerationRequest
+from spec_decode.serving.generate_inputs import RequestLimits, parse_request
 from spec_decode.settings import GenerateSettings, InvalidInputError
 
 LIMITS = RequestLimits(GenerateSettings(), ("none", "ngram", "suffix", "hybrid"), vocab_size=100)
