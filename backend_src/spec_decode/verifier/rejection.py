@@ -207,9 +207,9 @@ def rejection_sample(
             probabilities; a sampled target row that sums to zero (messages from :mod:`spec_decode.verifier.checks`,
             the same on both paths).
     """
-    b, k1, v = target_probs.shape if target_probs.dim() == 3 else (0, 0, 0)
+    validate_inputs(target_probs, draft_token_ids, draft_probs)  # first: a non-tensor has no .device to read
+    b, k1, v = target_probs.shape
     which = _resolve_backend(backend, target_probs.device)
-    validate_inputs(target_probs, draft_token_ids, draft_probs)
     seeds, greedy = _row_flags(b, seeds, is_greedy, target_probs.device)
     if which == "triton":
         from .kernels import rejection_triton
@@ -265,9 +265,9 @@ def typical_acceptance_sample(
             (:func:`check_typical_parameters`).
     """
     check_typical_parameters(posterior_threshold, posterior_alpha)
-    b, k1, v = target_probs.shape if target_probs.dim() == 3 else (0, 0, 0)
+    validate_inputs(target_probs, draft_token_ids, None)  # first: a non-tensor has no .device to read
+    b, k1, v = target_probs.shape
     which = _resolve_backend(backend, target_probs.device)
-    validate_inputs(target_probs, draft_token_ids, None)
     seeds, greedy = _row_flags(b, seeds, is_greedy, target_probs.device)
     if which == "triton":
         from .kernels import typical_triton

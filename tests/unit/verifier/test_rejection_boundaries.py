@@ -391,7 +391,7 @@ def test_typical_parameters_outside_finite_float32_are_errors(bad):
                 typical_acceptance_sample(tp, _ids([1]), backend=backend, **kw)
 
 
-@pytest.mark.parametrize("arg", ["draft_token_ids", "draft_probs", "seeds", "is_greedy"])
+@pytest.mark.parametrize("arg", ["target_probs", "draft_token_ids", "draft_probs", "seeds", "is_greedy"])
 def test_non_tensor_arguments_are_value_errors_naming_them(arg):
     kw = dict(target_probs=_uniform(1, 2, 8), draft_token_ids=_ids([1]), draft_probs=None, seeds=None, is_greedy=None)
     kw[arg] = [[1]] if arg != "draft_probs" else [[[0.125] * 8]]
@@ -399,6 +399,9 @@ def test_non_tensor_arguments_are_value_errors_naming_them(arg):
         with pytest.raises(ValueError, match=arg):
             rejection_sample(kw["target_probs"], kw["draft_token_ids"], kw["draft_probs"], seeds=kw["seeds"],
                              is_greedy=kw["is_greedy"], backend=backend)
+        if arg in ("target_probs", "draft_token_ids"):
+            with pytest.raises(ValueError, match=arg):
+                typical_acceptance_sample(kw["target_probs"], kw["draft_token_ids"], backend=backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
