@@ -49,7 +49,8 @@ def test_max_tokens_end_id_and_stop_word_inside_accepted_run(server, real_tokeni
     assert r.stats["num_emitted_tokens"] == 7
 
     pos = next(i for i in range(6, len(ref)) if ref[i] not in ref[:i] and i % 5 not in (0, 4))
-    r = stream_generate(server.grpc_url, prompt, N_TOKENS, speculative_method="draft", end_id=ref[pos])
+    r = stream_generate(server.grpc_url, prompt, N_TOKENS, speculative_method="draft", num_draft_tokens=4,
+                        end_id=ref[pos])  # k=4 as above (not the server's default): pos lies inside a step's run
     assert r.output_ids == ref[:pos] and r.stats["finish_reason"] == "stop"
     assert r.stats["num_emitted_tokens"] == pos
 
@@ -57,7 +58,8 @@ def test_max_tokens_end_id_and_stop_word_inside_accepted_run(server, real_tokeni
     # a 4-character stop string whose first occurrence starts after the 8th token, well before the end
     start = len(real_tokenizer.decode(ref[:8], skip_special_tokens=True))
     word = next(full[a : a + 4] for a in range(start, len(full) - 30) if full.index(full[a : a + 4]) == a)
-    r = stream_generate(server.grpc_url, prompt, N_TOKENS, speculative_method="draft", stop_words=[word])
+    r = stream_generate(server.grpc_url, prompt, N_TOKENS, speculative_method="draft", num_draft_tokens=4,
+                        stop_words=[word])
     assert r.text == full[: full.index(word)] and r.stats["finish_reason"] == "stop"
     assert word not in r.text and len(r.output_ids) < len(ref)
 
