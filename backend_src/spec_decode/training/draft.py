@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..engine.surgery import prune_vocabulary, truncated_copy
     from ..proposers.draft_lm import default_draft_dir, default_draft_ready
+    from ..proposers.draft_lm.artifacts import REPORT_FILE
     from .cli import publish, start_run, tool_parser, training_data
     from .teacher import choose_vocabulary, distillation_loss, target_distribution, target_logits
 
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             "draft_vocab": len(vocab) if vocab is not None else None, "loss_first": losses[0] if losses else None,
             "loss_last": sum(losses[-10:]) / max(1, len(losses[-10:])), "losses": losses, "eval": report,
             "minutes": (time.perf_counter() - t_start) / 60}
-    (tmp / "train_draft.json").write_text(json.dumps(info, indent=2))
+    (tmp / REPORT_FILE).write_text(json.dumps(info, indent=2))
     publish(tmp, out)
     logger.info("draft ready at %s: KL %.3f -> %.3f, held-out top-1 agreement %.3f, per-position acceptance %s",
                 out, info["loss_first"] or float("nan"), info["loss_last"], report["top1_agreement"],
