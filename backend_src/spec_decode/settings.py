@@ -7,8 +7,8 @@
   (:meth:`ConfigSettings.from_params`). A field's default is the parameter's default; the shipped config.pbtxt files
   list the same values (``tests/unit/test_settings.py`` holds them to it).
 - Input rules: :class:`InvalidInputError` and the checks (:func:`one_of`, :func:`in_range`,
-  :func:`check_acceptance_method`) that generate's request parsing (:mod:`spec_decode.request`), the step models' input
-  decoding (:mod:`spec_decode.serving.step_inputs`), the sampling parameters
+  :func:`check_acceptance_method`) that generate's request parsing (:mod:`spec_decode.serving.generate_inputs`), the
+  step models' input decoding (:mod:`spec_decode.serving.step_inputs`), the sampling parameters
   (:class:`spec_decode.sampling.SamplingParams`) and the settings call. What they have checked, the code behind them
   trusts.
 """
