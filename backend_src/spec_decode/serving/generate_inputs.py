@@ -14,7 +14,7 @@ import numpy as np
 
 from ..request import GenerationRequest
 from ..settings import GenerateSettings, InvalidInputError, check_acceptance_method, decode_text, in_range, one_of
-from .wire import CLIENT, scalar
+from .wire import CLIENT, scalar, text
 
 MAX_STOP_WORDS = 64  # stop words are checked after every token: bounded so one request cannot slow every stream
 MAX_STOP_WORD_CHARS = 1024
@@ -51,19 +51,14 @@ def parse_request(inputs: dict[str, np.ndarray], limits: RequestLimits) -> Gener
     """
     settings = limits.settings
     max_len = settings.max_model_len
-    raw = scalar(inputs, "text_input", None, CLIENT)
-    if raw is None:
-        raise InvalidInputError("text_input", "required (STRING [1])")
-    text = decode_text(raw, "text_input")
-    if not text:
+    prompt = text(inputs, "text_input", tensors=CLIENT)
+    if not prompt:
         raise InvalidInputError("text_input", "must be a non-empty string")
-    if len(text) > max_len * CHARS_PER_TOKEN_LIMIT:  # cannot fit: refuse before tokenising it
-        raise InvalidInputError("text_input", f"{len(text)} characters; at most {max_len * CHARS_PER_TOKEN_LIMIT} "
+    if len(prompt) > max_len * CHARS_PER_TOKEN_LIMIT:  # cannot fit: refuse before tokenising it
+        raise InvalidInputError("text_input", f"{len(prompt)} characters; at most {max_len * CHARS_PER_TOKEN_LIMIT} "
                                               f"(the prompt must fit in max_model_len={max_len} tokens)")
-    max_tokens = scalar(inputs, "max_tokens", None, CLIENT)
-    if max_tokens is None:
-        raise InvalidInputError("max_tokens", "required (INT32 [1])")
-    fields = {"text_input": text, "max_tokens": in_range("max_tokens", int(max_tokens), 1, max_len)}
+    max_tokens = scalar(inputs, "max_tokens", tensors=CLIENT)
+    fields = {"text_input": prompt, "max_tokens": in_range("max_tokens", int(max_tokens), 1, max_len)}
 
     for name, cast in (("temperature", float), ("top_p", float), ("top_k", int), ("random_seed", int),
                        ("end_id", int), ("num_draft_tokens", int)):
@@ -98,10 +93,10 @@ def parse_request(inputs: dict[str, np.ndarray], limits: RequestLimits) -> Gener
         if v is not None:
             fields[name] = bool(v)
 
-    method = scalar(inputs, "speculative_method", None, CLIENT)
-    fields["speculative_method"] = one_of("speculative_method", settings.default_speculative_method if method is None
-                                          else decode_text(method, "speculative_method"), limits.methods)
-    am = scalar(inputs, "acceptance_method", None, CLIENT)
+    fields["speculative_method"] = one_of("speculative_method", text(inputs, "speculative_method",
+                                                                     settings.default_speculative_method, CLIENT),
+                                          limits.methods)
+    am = text(inputs, "acceptance_method", None, CLIENT)
     if am is not None:
-        fields["acceptance_method"] = check_acceptance_method("acceptance_method", decode_text(am, "acceptance_method"))
+        fields["acceptance_method"] = check_acceptance_method("acceptance_method", am)
     return GenerationRequest(**fields)

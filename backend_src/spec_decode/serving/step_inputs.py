@@ -14,9 +14,9 @@ import torch
 from ..proposers import NO_SPECULATION, ProposalRequest, registry
 from ..protocol import StepInputs
 from ..sampling import SamplingParams
-from ..settings import InvalidInputError, check_acceptance_method, decode_text, in_range, one_of
+from ..settings import InvalidInputError, check_acceptance_method, in_range, one_of
 from .adapter import stack_rows, strip_padding
-from .wire import STEP, scalar
+from .wire import STEP, scalar, text
 
 MAX_TOKEN_ID = 2**31 - 1  # token ids travel as int64 but every tree and model here takes int32 ids
 
@@ -85,11 +85,6 @@ def context_hidden_states(inputs: dict) -> torch.Tensor | None:
                            dtype=torch.float32)
 
 
-def text(inputs: dict, name: str, default: str = "") -> str:
-    """A STRING input's one value, decoded (:func:`~spec_decode.settings.decode_text`: errors name the input)."""
-    return decode_text(scalar(inputs, name, default), name)
-
-
 def sequence_id(inputs: dict) -> int:
     """The row's sequence id (uint64)."""
     return int(scalar(inputs, "sequence_id"))
@@ -141,7 +136,7 @@ def sampling_params(inputs: dict) -> SamplingParams:
 
 def acceptance_method(inputs: dict) -> str:
     """The row's acceptance method, or "" for the verifier's default."""
-    method = text(inputs, "acceptance_method")
+    method = text(inputs, "acceptance_method", "")
     return check_acceptance_method("acceptance_method", method) if method.strip() else ""
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..settings import InvalidInputError
+from ..settings import InvalidInputError, decode_text
 
 SPEC_STEP, SCORE_STEP = "spec_step", "score_step"  # the ensembles generate calls (score_step: rounds without drafts)
 STEP_PARTS = ("draft_model", "target_model", "verifier")  # the models the two ensembles run
@@ -242,3 +242,15 @@ def scalar(inputs: Mapping, name: str, default=_REQUIRED, tensors: Mapping[str, 
     if arr.dtype.kind not in _KINDS[spec.dtype]:
         raise InvalidInputError(name, f"expected {what}, got dtype {arr.dtype}")
     return arr.reshape(-1)[0]
+
+
+def text(inputs: Mapping, name: str, default=_REQUIRED, tensors: Mapping[str, Tensor] = STEP):
+    """A STRING [1] input's value decoded as UTF-8 (:func:`scalar`, then :func:`~spec_decode.settings.decode_text`);
+    ``default`` (returned as given) when the input is absent.
+
+    Raises:
+        InvalidInputError: as :func:`scalar`, or bytes that are not UTF-8 (naming the input).
+    """
+    if inputs.get(name) is None:
+        return scalar(inputs, name, default, tensors)
+    return decode_text(scalar(inputs, name, tensors=tensors), name)

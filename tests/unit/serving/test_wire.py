@@ -68,6 +68,15 @@ def test_the_scalar_decoder_checks_presence_size_and_dtype_kind():
     assert wire.scalar({"stream": np.array([1], np.int32)}, "stream", None, wire.CLIENT) == 1  # BOOL takes 0/1
 
 
+def test_the_text_decoder_decodes_utf8_and_returns_the_default_as_given():
+    assert wire.text({"text_input": np.array(["é".encode()], object)}, "text_input", tensors=wire.CLIENT) == "é"
+    assert wire.text({}, "acceptance_method", None, wire.CLIENT) is None
+    with pytest.raises(InvalidInputError, match=r"'text_input': required \(STRING \[1\]\)"):
+        wire.text({}, "text_input", tensors=wire.CLIENT)
+    with pytest.raises(InvalidInputError, match="'speculative_method': not valid UTF-8"):
+        wire.text({"speculative_method": np.array([b"\xff"], object)}, "speculative_method")
+
+
 def test_round_inputs_travel_in_their_wire_dtypes():
     from spec_decode.protocol import StepInputs
     from spec_decode.sampling import SamplingParams
