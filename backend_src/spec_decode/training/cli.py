@@ -184,3 +184,14 @@ def tool_parser(module: str, doc: str, output_help: str) -> argparse.ArgumentPar
     ap.add_argument("--corpus-seq-len", type=int, default=512,
                     help="longest corpus window (the same in make draft and make speculator, which share the teacher)")
     return ap
+
+
+def optimizer_step(loss: torch.Tensor, opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LRScheduler,
+                   params: list[torch.nn.Parameter]) -> None:
+    """One training step of both tools: backpropagate ``loss``, clip the gradients of ``params`` to norm 1.0, step
+    the optimizer (AdamW) and the learning-rate schedule."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    sched.step()

@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..engine.surgery import prune_vocabulary, truncated_copy
     from ..proposers.draft_lm import default_draft_dir, default_draft_ready
     from ..proposers.draft_lm.artifacts import REPORT_FILE
-    from .cli import publish, start_run, tool_parser, training_data
+    from .cli import optimizer_step, publish, start_run, tool_parser, training_data
     from .teacher import choose_vocabulary, distillation_loss, target_distribution, target_logits
 
     ap = tool_parser("spec_decode.training.draft", __doc__ or "", "draft folder (default: the cache's default draft)")
@@ -217,11 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         ids, hidden, mask = next(batches)
         target_dist = target_distribution(target_logits(hidden, target_head))
         loss = distillation_loss(draft(ids).logits[..., :kept], target_dist, mask)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        opt.step()
-        sched.step()
+        optimizer_step(loss, opt, sched, trainable)
         step += 1
         losses.append(loss.item())
         bar.set_postfix(kl=f"{sum(losses[-10:]) / len(losses[-10:]):.3f}")

@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     from ..proposers.eagle import REPORT_FILE, EagleHead, EagleProposer, EagleSettings, default_eagle_dir, eagle_config
-    from .cli import publish, start_run, tool_parser, training_data
+    from .cli import optimizer_step, publish, start_run, tool_parser, training_data
     from .teacher import choose_vocabulary
 
     ap = tool_parser("spec_decode.training.speculator", __doc__ or "", "head folder (default: the cache's default)")
@@ -276,11 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     bar = tqdm(total=args.steps, initial=step, desc="EAGLE head", unit="step")
     while step < args.steps:
         loss, per = unrolled_loss(model, next(batches), args.depth, args.feature_weight)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        opt.step()
-        sched.step()
+        optimizer_step(loss, opt, sched, trainable)
         step += 1
         losses.append(loss.item())
         per_depth.append(per)
