@@ -48,19 +48,18 @@ from client.metrics import scrape, value
 
 def default_methods() -> tuple[str, ...]:
     """The methods the suite measures unless ``--methods`` says otherwise: the model-free methods the registry
-    serves (:func:`spec_decode.proposers.registry.offered_methods` with no draft LM and no EAGLE head), then the draft
+    serves (:func:`client.soak.model_free_methods`: no draft LM and no EAGLE head), then the draft
     LM (``main`` drops it when ``make draft`` has not built one).
 
     Left out: ``hybrid`` and ``eagle``. The suite runs perf_analyzer at every concurrency level (and genai-perf) for
     each method on one server, its longest part; ``client.bench``'s repeated workload measures both, through a fresh
     server each, and ``--methods`` adds them here.
     """
+    from client.soak import model_free_methods
     from spec_decode.proposers.draft_lm import DraftModelProposer
     from spec_decode.proposers.hybrid import HybridProposer
-    from spec_decode.proposers.registry import offered_methods
 
-    model_free = offered_methods({"draft_model_path": "none", "eagle_path": "none"})
-    return (*(m for m in model_free if m != HybridProposer.name), DraftModelProposer.name)
+    return (*(m for m in model_free_methods() if m != HybridProposer.name), DraftModelProposer.name)
 
 
 def model_batching(metrics_url: str, model: str = "target_model") -> tuple[float, float]:
