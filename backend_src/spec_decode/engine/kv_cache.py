@@ -68,7 +68,6 @@ class CachedCausalLM:
         if max_sequences < 1:
             raise ValueError(f"max_sequences must be >= 1, got {max_sequences}")
         self.model = model
-        self.max_sequences = max_sequences
         self.max_batched_new_tokens = max_batched_new_tokens
         self.max_padded_positions = max_padded_positions
         first = next(model.parameters())

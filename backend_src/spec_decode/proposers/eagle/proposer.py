@@ -82,7 +82,6 @@ class EagleProposer(Proposer):
 
     def __init__(self, model: EagleHead, vocab: DraftVocab, min_token_prob: float = 0.0, max_sequences: int = 64):
         self.model, self.vocab, self.min_token_prob = model, vocab, min_token_prob
-        self.max_sequences = max_sequences
         self._contexts: SequenceLRU[EagleContext] = SequenceLRU(max_sequences)
 
     @classmethod

@@ -81,7 +81,6 @@ class SuffixProposer(Proposer):
         self.backend = self.cache.engine.name
         # seq_id -> the ids the cache has seen; an evicted sequence's tree is stopped (its response joins the global)
         self._ids: SequenceLRU[list[int]] = SequenceLRU(max_active, lambda sid, _: self.cache.stop_request(sid))
-        self.max_active = max_active
         if self.backend == "python" and s.max_cached_requests > 256:
             logger.warning("suffix decoding uses the pure-Python trie (Arctic's C++ tree is not built: run "
                            "scripts/build_suffix_tree.sh); suffix_max_cached_requests=%d may need many GB of memory",
