@@ -11,7 +11,8 @@
 #               in-process transformers generate / prompt lookup / assisted generation; JSON + PNG + goals), a repeated
 #               HumanEval workload (two passes) through a fresh server per method with the speed goals, the forward
 #               cost against new positions (target and draft LM, with the roofline), the draft's cost, suffix decoding's
-#               cache at 10,000 cached responses, then the verifier (torch here; Triton kernels where CUDA is available)
+#               cache at 10,000 cached responses, the verifier (torch here; Triton kernels where CUDA is available), then
+#               the logits processors' cost per step (every one on against off) and the grammar mask
 #               (each python -m bench.<name> from the repository root, and client.bench; docs/benchmarks.md)
 # make gpu-check - on a GPU machine (no network, nothing installed: python3 with torch, triton, transformers, numpy):
 #               the verifier's kernels against the torch path, their bandwidth, and speculative decoding on CUDA with a
@@ -64,6 +65,7 @@ bench: $(STAMP)
 	$(PY) -m bench.draft_cost --output results/draft_cost.json
 	$(PY) -m bench.suffix_cache --output results/suffix_cache.json
 	$(PY) -m bench.verifier --output results/verifier.json
+	$(PY) -m bench.processors --output results/processors.json
 
 bench-serving: $(STAMP)
 	bash scripts/setup_bench.sh

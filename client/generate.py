@@ -29,7 +29,10 @@ class GenerationResult:
         ttft_s: time to first token (s): from sending to the first response with tokens.
         total_s: from sending to the final response (s).
         stats: the final response's statistics (num_steps, num_draft_tokens_total, num_accepted_tokens,
-            num_emitted_tokens, finish_reason).
+            num_emitted_tokens, finish_reason, cum_log_probs), the per-token outputs joined over the responses
+            (output_log_probs, output_token_ranks: one value per output id; top_log_probs, top_log_prob_ids: a list of
+            N per output id) and the prompt's (prompt_log_probs, prompt_token_ranks, prompt_top_log_probs,
+            prompt_top_log_prob_ids), when the request asked for them.
     """
 
     text: str = ""
@@ -54,28 +57,37 @@ class GenerationResult:
 def build_inputs(prompt: str, max_tokens: int, **params):
     """gRPC input tensors for ``generate``: text_input, max_tokens, plus any optional input given (None = omitted).
 
-    Optional keyword names and types: temperature, top_p (FP32); top_k, num_draft_tokens, end_id (INT32);
-    random_seed (UINT64); stream, exclude_input_in_output, return_log_probs, ignore_eos (BOOL); speculative_method,
-    acceptance_method (STRING);
-    stop_words (list of STRING).
+    Optional keyword names and types: temperature, top_p, repetition_penalty, presence_penalty, frequency_penalty
+    (FP32); top_k, num_draft_tokens, end_id, min_tokens, min_length, top_logprobs, prompt_logprobs, beam_width,
+    num_return_sequences, n (INT32); random_seed (UINT64); stream, exclude_input_in_output, return_log_probs,
+    ignore_eos (BOOL); speculative_method, acceptance_method, guided_decoding_guide_type, guided_decoding_guide
+    (STRING); stop_words, bad_words (list of STRING); stop_token_ids (list of INT32). docs/client.md has their
+    meaning.
+
+    Raises:
+        ValueError: a name that is not an input of generate.
     """
     import tritonclient.grpc as grpcclient
 
-    types = {
-        "temperature": ("FP32", np.float32), "top_p": ("FP32", np.float32), "top_k": ("INT32", np.int32),
-        "num_draft_tokens": ("INT32", np.int32), "end_id": ("INT32", np.int32), "random_seed": ("UINT64", np.uint64),
-        "stream": ("BOOL", np.bool_), "exclude_input_in_output": ("BOOL", np.bool_),
-        "return_log_probs": ("BOOL", np.bool_), "ignore_eos": ("BOOL", np.bool_),
-        "speculative_method": ("BYTES", np.object_),
-        "acceptance_method": ("BYTES", np.object_),
-    }
+    types = {name: ("FP32", np.float32) for name in ("temperature", "top_p", "repetition_penalty",
+                                                    "presence_penalty", "frequency_penalty")}
+    types.update({name: ("INT32", np.int32) for name in (
+        "top_k", "num_draft_tokens", "end_id", "min_tokens", "min_length", "top_logprobs", "prompt_logprobs",
+        "beam_width", "num_return_sequences", "n")})
+    types.update({name: ("BOOL", np.bool_) for name in ("stream", "exclude_input_in_output", "return_log_probs",
+                                                       "ignore_eos")})
+    types.update({name: ("BYTES", np.object_) for name in ("speculative_method", "acceptance_method",
+                                                          "guided_decoding_guide_type", "guided_decoding_guide")})
+    types["random_seed"] = ("UINT64", np.uint64)
     values = {"text_input": ("BYTES", np.array([prompt.encode() if isinstance(prompt, str) else prompt], np.object_)),
               "max_tokens": ("INT32", np.array([max_tokens], np.int32))}
     for name, value in params.items():
         if value is None:
             continue
-        if name == "stop_words":
+        if name in ("stop_words", "bad_words"):
             values[name] = ("BYTES", np.array([w.encode() for w in value], np.object_))
+        elif name == "stop_token_ids":
+            values[name] = ("INT32", np.array(list(value), np.int32))
         elif name in types:
             dt, npt = types[name]
             v = value.encode() if isinstance(value, str) else value
@@ -91,6 +103,8 @@ def build_inputs(prompt: str, max_tokens: int, **params):
 
 
 _STATS = ("num_steps", "num_draft_tokens_total", "num_accepted_tokens", "num_emitted_tokens")
+_PER_TOKEN = ("output_log_probs", "output_token_ranks", "top_log_probs", "top_log_prob_ids")  # joined over responses
+_PROMPT = ("prompt_log_probs", "prompt_token_ranks", "prompt_top_log_probs", "prompt_top_log_prob_ids")
 
 
 def stream_generate(url: str, prompt: str, max_tokens: int, on_text=None, timeout_s: float = 300.0, **params):
@@ -147,9 +161,14 @@ def stream_generate(url: str, prompt: str, max_tokens: int, on_text=None, timeou
                     result.stats["finish_reason"] = res.as_numpy("finish_reason").reshape(-1)[0].decode()
                 if "cum_log_probs" in names:
                     result.stats["cum_log_probs"] = float(res.as_numpy("cum_log_probs").reshape(-1)[0])
-                if "output_log_probs" in names:
-                    result.stats.setdefault("output_log_probs", []).extend(
-                        res.as_numpy("output_log_probs").reshape(-1).tolist())
+                for name in _PER_TOKEN:  # one entry (a float, an int or a list of N) per output id
+                    if name in names:
+                        rows = res.as_numpy(name).reshape(len(ids), -1) if ids else np.zeros((0, 0))
+                        values = rows.tolist() if name.startswith("top_") else rows.reshape(-1).tolist()
+                        result.stats.setdefault(name, []).extend(values)
+                for name in _PROMPT:
+                    if name in names:
+                        result.stats[name] = res.as_numpy(name).tolist()
             if final:
                 result.total_s = t - t0
                 return result

@@ -6,10 +6,10 @@ Triton by BLS to the ``spec_step`` ensemble: :mod:`spec_decode.serving.generate`
 (:meth:`Generation.commit`), which applies the stop conditions, moves k by the method's schedule and returns the text
 and ids to stream.
 
-Stops: EOS (the tokenizer's and the model's generation config) or ``end_id`` (not emitted), a stop word (text is cut
-before it; the token that completed it is the last id emitted, as in vLLM), ``max_tokens`` (exactly), and
-``max_model_len``. They are checked token by token, so a stop inside an accepted run discards the rest of the run:
-nothing past a stop is sent or counted.
+Stops: EOS (the tokenizer's and the model's generation config), ``end_id`` or ``stop_token_ids`` (not emitted), a stop
+word (text is cut before it; the token that completed it is the last id emitted, as in vLLM; not before
+``min_tokens``), ``max_tokens`` (exactly), and ``max_model_len``. They are checked token by token, so a stop inside
+an accepted run discards the rest of the run: nothing past a stop is sent or counted.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from tokenizers.decoders import DecodeStream
 
+from .processors import ProcessorSpec, TokenLogprobs
 from .protocol import NO_SPECULATION, StepInputs, StepResult
 from .request import GenerationRequest
 from .sampling import SamplingParams
@@ -39,6 +40,9 @@ class Chunk:
         log_probs: target log-probs of ``token_ids`` (empty unless requested).
         finished: True on the last chunk.
         finish_reason: None, "stop" (EOS, end_id or stop word), "length" (max_tokens or max_model_len) or "cancelled".
+        ranks: the 1-based rank of each of ``token_ids`` (with ``top_logprobs`` or log-probs asked for; else empty).
+        top_ids: per token, its position's ``top_logprobs`` most probable ids (else empty).
+        top_log_probs: their log-probs.
     """
 
     text: str
@@ -46,6 +50,9 @@ class Chunk:
     log_probs: list[float] = field(default_factory=list)
     finished: bool = False
     finish_reason: str | None = None
+    ranks: list[int] = field(default_factory=list)
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_log_probs: list[list[float]] = field(default_factory=list)
 
 
 @dataclass
@@ -67,8 +74,8 @@ class Generation:
         request: the validated request.
         tokenizer: a Hugging Face fast tokenizer: text is streamed by tokenizers' ``DecodeStream`` over its
             ``backend_tokenizer`` (never a broken UTF-8 character; the prompt gives the first token its context).
-        eos_token_ids: ids that end generation (not emitted), besides ``request.end_id``; ignored (emitted like any
-            token) when ``request.ignore_eos``.
+        eos_token_ids: ids that end generation (not emitted), besides ``request.end_id`` and
+            ``request.stop_token_ids``; ignored (emitted like any token) when ``request.ignore_eos``.
         max_model_len: prompt + output must fit in this many tokens.
         seed: the request seed (``request.random_seed`` or one drawn by the caller).
         schedule: how k moves from step to step, starting at ``request.num_draft_tokens`` (the method's
@@ -94,6 +101,9 @@ class Generation:
         self.stop_ids = set() if request.ignore_eos else set(int(t) for t in eos_token_ids)
         if request.end_id is not None:
             self.stop_ids.add(int(request.end_id))
+        self.stop_ids.update(request.stop_token_ids)
+        self.processors = self._processors(tokenizer)
+        self.prompt_logprobs: TokenLogprobs | None = None  # from the first step, when asked for
         self.params = SamplingParams(request.temperature, request.top_k, request.top_p, int(seed),
                                      seeded=request.random_seed is not None)
         self._tokenizer = tokenizer.backend_tokenizer
@@ -107,6 +117,22 @@ class Generation:
         self.hidden_states: np.ndarray | None = None  # [m, H] float32 before the last committed token (StepInputs)
         self.schedule = schedule or ConstantK()
         self.k = request.num_draft_tokens  # k of the next step (the schedule moves it)
+
+    def _processors(self, tokenizer) -> ProcessorSpec | None:
+        """The request's :class:`~spec_decode.processors.ProcessorSpec`, or None when it asks for no processor and no
+        log-probs. Bad words are tokenised as written and after a space (a word inside text is usually one token
+        with its leading space), as vLLM does."""
+        req = self.request
+        bad: list[tuple[int, ...]] = []
+        for word in req.bad_words:
+            for variant in (word, " " + word):
+                ids = tuple(tokenizer(variant, add_special_tokens=False)["input_ids"])
+                if ids and ids not in bad:
+                    bad.append(ids)
+        spec = ProcessorSpec(self.prompt_len, req.repetition_penalty, req.presence_penalty, req.frequency_penalty,
+                             req.min_tokens, tuple(sorted(self.stop_ids)), tuple(bad), req.guided_decoding_guide_type,
+                             req.guided_decoding_guide, req.wants_logprobs, req.top_logprobs, req.prompt_logprobs)
+        return spec if spec.changes_logits or spec.logprobs or spec.prompt_logprobs >= 0 else None
 
     @property
     def output_ids(self) -> list[int]:
@@ -124,7 +150,7 @@ class Generation:
         room = self.max_model_len - len(self.token_ids)
         k = 0 if req.speculative_method == NO_SPECULATION else max(0, min(self.k, room - 1))
         return StepInputs(self.seq_id, list(self.token_ids), k, req.speculative_method, self.params, self.stats.steps,
-                          req.acceptance_method, self.hidden_states)
+                          req.acceptance_method, self.hidden_states, self.processors)
 
     def _held_back(self) -> int:
         """Characters at the end of ``text`` that could begin a stop word (not sent until resolved)."""
@@ -159,6 +185,8 @@ class Generation:
         self.k = self.schedule.update(self.k, result.num_draft_tokens, accepted_in_step)
         # the positions that predicted this step's tokens: before the last of them once they are committed
         self.hidden_states = result.hidden_states
+        if result.prompt is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = result.prompt
         new_ids: list[int] = []
         new_lps: list[float] = []
         stop_at: int | None = None  # cut ``text`` here (stop word)
@@ -171,7 +199,8 @@ class Generation:
             if result.log_probs is not None:
                 new_lps.append(float(result.log_probs[j]))
             self.text += self._decode.step(self._tokenizer, tok) or ""
-            for w in req.stop_words:
+            # no stop word before min_tokens (as vLLM); the target forbids the end ids until then
+            for w in req.stop_words if len(self.token_ids) - self.prompt_len >= req.min_tokens else ():
                 # Search only where a new match could start: near the end of the text.
                 pos = self.text.find(w, max(0, self.sent_chars - len(w)))
                 if pos >= 0 and (stop_at is None or pos < stop_at):
@@ -196,7 +225,13 @@ class Generation:
         end = max(end, self.sent_chars)
         chunk_text = self.text[self.sent_chars : end]
         self.sent_chars = end
-        return Chunk(chunk_text, new_ids, new_lps if req.return_log_probs else [], self.finished, self.finish_reason)
+        chunk = Chunk(chunk_text, new_ids, new_lps if req.wants_logprobs else [], self.finished, self.finish_reason)
+        if result.logprobs is not None and req.wants_logprobs:
+            n = len(new_ids)
+            chunk.ranks = list(result.logprobs.ranks[:n])
+            chunk.top_ids = [list(r) for r in result.logprobs.top_ids[:n]]
+            chunk.top_log_probs = [list(r) for r in result.logprobs.top_log_probs[:n]]
+        return chunk
 
     def cancel(self) -> Chunk:
         """Finish as cancelled; returns an empty final chunk."""

@@ -11,6 +11,7 @@ import torch
 
 from .engine.scorer import TargetScorer
 from .generation import Chunk, Generation
+from .processors import step_logprobs
 from .proposers import Proposal, Proposer
 from .protocol import StepInputs, StepResult
 from .verifier import Verifier
@@ -37,14 +38,18 @@ def run_step(inp: StepInputs, proposers: dict[str, Proposer], scorer: TargetScor
         hidden = None
         if proposer.needs_hidden_states and inp.hidden_states is not None and len(inp.hidden_states):
             hidden = torch.as_tensor(inp.hidden_states, dtype=torch.float32)
-        proposal = proposer.propose_one(inp.seq_id, inp.token_ids, inp.num_draft_tokens, inp.params, inp.step, hidden)
+        proposal = proposer.propose_one(inp.seq_id, inp.token_ids, inp.num_draft_tokens, inp.params, inp.step, hidden,
+                                        inp.processors)
     else:
         proposal = Proposal.empty()
     drafts = proposal.draft_token_ids
-    (scores,) = scorer.score_batch([(inp.seq_id, inp.token_ids, drafts.tolist(), inp.params)])
+    (scores,) = scorer.score_batch([(inp.seq_id, inp.token_ids, drafts.tolist(), inp.params, inp.processors)])
     ids, lps = verifier.verify(scores.probs, drafts, proposal.draft_probs, inp.params.seed, inp.step,
                                inp.params.is_greedy, inp.acceptance_method)
-    return StepResult(ids, int(drafts.numel()), lps, scores.hidden[: len(ids)].float().cpu().numpy())
+    spec = inp.processors
+    asked = step_logprobs(scores.probs, scores.log_probs, ids, spec.top_logprobs) if spec and spec.logprobs else None
+    return StepResult(ids, int(drafts.numel()), asked.log_probs if asked else lps,
+                      scores.hidden[: len(ids)].float().cpu().numpy(), asked, scores.prompt)
 
 
 class LocalStep:

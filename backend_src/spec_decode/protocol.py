@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .processors import ProcessorSpec, TokenLogprobs
 from .sampling import SamplingParams
 
 NO_SPECULATION = "none"  # the speculative_method of plain decoding: no proposer, k = 0
@@ -34,6 +35,7 @@ class StepInputs:
         hidden_states: [m, H] float32, the target's last hidden states at the m positions before the last committed
             token (``token_ids[-1-m:-1]``: what the previous step accepted), for a hidden-state speculator; None when
             there are none (the first step, or after a step that scored nothing).
+        processors: the request's logits processors and log-prob requests (the same at every step), or None.
     """
 
     seq_id: int
@@ -44,6 +46,7 @@ class StepInputs:
     step: int
     acceptance_method: str = ""
     hidden_states: np.ndarray | None = None
+    processors: ProcessorSpec | None = None
 
     @property
     def drafts(self) -> bool:
@@ -61,9 +64,14 @@ class StepResult:
         log_probs: target log-probability of each output id (same length), or None.
         hidden_states: [n, H] float32, the target's last hidden states at the positions that predicted the n output
             ids (the last committed token's and the accepted drafts'), or None when the transport has none.
+        logprobs: the output ids' log-probs, ranks and top-N alternatives when the step's processors ask for them
+            (``log_probs`` then holds the same log-probs), else None.
+        prompt: the prompt tokens' log-probs (1..P-1) on a first step that asks for them, else None.
     """
 
     output_ids: list[int]
     num_draft_tokens: int
     log_probs: list[float] | None = None
     hidden_states: np.ndarray | None = None
+    logprobs: TokenLogprobs | None = None
+    prompt: TokenLogprobs | None = None

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .processors import ProcessorSpec
 from .sampling import SamplingParams
-from .settings import GenerateSettings, check_acceptance_method, in_range
+from .settings import GenerateSettings, InvalidInputError, check_acceptance_method, in_range
 
 _DEFAULTS = GenerateSettings()
 
@@ -21,8 +22,10 @@ class GenerationRequest:
     """A validated ``generate`` request (docs/client.md, "Client contract").
 
     Construction checks what does not depend on the server (sampling parameters, through
-    :class:`~spec_decode.sampling.SamplingParams`; the acceptance method; the seed);
-    :func:`~spec_decode.serving.generate_inputs.parse_request` the rest.
+    :class:`~spec_decode.sampling.SamplingParams`; the acceptance method; the seed; the processors' ranges, through
+    :class:`~spec_decode.processors.ProcessorSpec`; min_tokens <= max_tokens; the guide, through
+    :func:`~spec_decode.processors.grammar.check_guide`); :func:`~spec_decode.serving.generate_inputs.parse_request`
+    the rest.
 
     Raises:
         InvalidInputError: (construction) naming the field and the allowed values.
@@ -43,6 +46,17 @@ class GenerationRequest:
     num_draft_tokens: int = _DEFAULTS.num_draft_tokens
     speculative_method: str = _DEFAULTS.default_speculative_method
     acceptance_method: str = ""  # "" = the verifier's configured default
+    # logits processors (spec_decode.processors): vLLM's formulas, TensorRT-LLM's names
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0
+    bad_words: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    guided_decoding_guide_type: str = ""  # "" = no structured output
+    guided_decoding_guide: str = ""
+    top_logprobs: int = 0
+    prompt_logprobs: int = -1  # -1 = none
 
     def __post_init__(self):
         SamplingParams(self.temperature, self.top_k, self.top_p)  # the sampling rules
@@ -50,3 +64,20 @@ class GenerationRequest:
             in_range("random_seed", self.random_seed, 0)
         if self.acceptance_method:
             check_acceptance_method("acceptance_method", self.acceptance_method)
+        # the processors' own rules (penalty ranges, top_logprobs, prompt_logprobs), on a stand-in prompt length
+        ProcessorSpec(1, self.repetition_penalty, self.presence_penalty, self.frequency_penalty, self.min_tokens,
+                      top_logprobs=self.top_logprobs, prompt_logprobs=self.prompt_logprobs)
+        if self.min_tokens > self.max_tokens:
+            raise InvalidInputError("min_tokens", f"must be <= max_tokens={self.max_tokens}, got {self.min_tokens}")
+        if self.guided_decoding_guide_type and self.ignore_eos:
+            raise InvalidInputError("ignore_eos", "cannot be true with guided_decoding_guide_type: a finished grammar "
+                                                  "allows only the end ids")
+        if self.guided_decoding_guide_type:
+            from .processors.grammar import check_guide  # the grammar engine: loaded by requests that use it
+
+            check_guide(self.guided_decoding_guide_type, self.guided_decoding_guide)
+
+    @property
+    def wants_logprobs(self) -> bool:
+        """Whether the tokens' log-probs are returned (``return_log_probs`` or ``top_logprobs`` > 0)."""
+        return self.return_log_probs or self.top_logprobs > 0

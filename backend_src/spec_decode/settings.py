@@ -209,15 +209,20 @@ class TargetSettings(LMSettings):
 
     Attributes:
         model_path: a Hugging Face causal-LM folder, or ``default`` (the embedded SmolLM2-135M-Instruct).
+        logprobs_mode: which log-probs requests get (vLLM's ``logprobs_mode``): ``raw`` (the target's log-softmax
+            before any processor, temperature, top-k or top-p; vLLM's default) or ``processed`` (the log of the
+            distribution each token was sampled from).
     """
 
     model_path: str = "default"
+    logprobs_mode: str = "raw"
 
     def check(self) -> None:
-        """As :meth:`LMSettings.check`, and model_path not blank."""
+        """As :meth:`LMSettings.check`, model_path not blank, logprobs_mode ``raw`` or ``processed``."""
         super().check()
         if not self.model_path.strip():
             raise InvalidInputError("model_path", "must name a model folder or 'default'")
+        self._choice("logprobs_mode", ("raw", "processed"))
 
 
 @dataclass(frozen=True)
@@ -227,9 +232,12 @@ class DraftModelSettings(ConfigSettings):
     Attributes:
         max_num_draft_tokens: the largest k a step may ask for, direct calls to spec_step included (>= 1; generate's
             own ``max_num_draft_tokens`` bounds its clients' requests).
+        tokenizer_path: the target's tokenizer folder, or ``default`` (the embedded target's): model proposers (the
+            draft LM, the EAGLE head) keep structured output's grammar state over it.
     """
 
     max_num_draft_tokens: int = 16
+    tokenizer_path: str = "default"
 
     def check(self) -> None:
         """max_num_draft_tokens >= 1."""

@@ -15,7 +15,6 @@ from client.datasets import humaneval_prompts
 from client.generate import build_inputs, stream_generate
 from client.metrics import scrape, value, wait_for
 from spec_decode.proposers import METHODS
-from spec_decode.sampling import SamplingParams, logits_to_probs
 
 CACHES = ("spec_decode_running_sequences", "spec_decode_target_kv_cache_sequences",
           "spec_decode_draft_kv_cache_sequences", "spec_decode_eagle_cache_sequences",
@@ -26,13 +25,13 @@ def _idle(samples) -> bool:
     return all(value(samples, g) == 0 for g in CACHES)
 
 
-def _reference_log_probs(model, tokenizer, prompt, output_ids, params: SamplingParams) -> list[float]:
-    """log p(token) under the distribution the request samples from (the model's own at temperature 0)."""
+def _reference_log_probs(model, tokenizer, prompt, output_ids) -> list[float]:
+    """log p(token) under the model's own distribution, before temperature, top-k and top-p (the server's default
+    ``logprobs_mode: raw``, as vLLM's)."""
     ids = tokenizer(prompt)["input_ids"]
     with torch.inference_mode():
         logits = model(torch.tensor([ids + output_ids])).logits[0, len(ids) - 1 : -1]
-    probs = logits_to_probs(logits, params)
-    return torch.log(probs.gather(-1, torch.tensor(output_ids)[:, None])[:, 0]).tolist()
+    return torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(output_ids)[:, None])[:, 0].tolist()
 
 
 @pytest.mark.parametrize("case", ["several tokens per step", "max_tokens inside a run", "stop word", "one response",
@@ -40,7 +39,6 @@ def _reference_log_probs(model, tokenizer, prompt, output_ids, params: SamplingP
 def test_log_probs_are_the_targets_aligned_with_output_ids(server, real_model, real_tokenizer, case):
     prompt = humaneval_prompts(2)[1]
     kw = dict(speculative_method="draft", num_draft_tokens=4, return_log_probs=True)  # self-draft: 5 tokens per step
-    params = SamplingParams()
     max_tokens = 24
     if case == "max_tokens inside a run":
         max_tokens = 7
@@ -52,7 +50,6 @@ def test_log_probs_are_the_targets_aligned_with_output_ids(server, real_model, r
         kw["exclude_input_in_output"] = True
     elif case == "sampled":
         kw.update(temperature=0.8, top_k=40, top_p=0.95, random_seed=7)
-        params = SamplingParams(0.8, 40, 0.95)
     r = stream_generate(server.grpc_url, prompt, max_tokens, **kw)
     lps = r.stats["output_log_probs"]
     assert len(lps) == len(r.output_ids) > 0
@@ -62,7 +59,7 @@ def test_log_probs_are_the_targets_aligned_with_output_ids(server, real_model, r
         assert len(r.output_ids) == 7
     if case == "stop word":
         assert r.stats["finish_reason"] == "stop" and len(r.output_ids) < 24
-    ref = _reference_log_probs(real_model, real_tokenizer, prompt, r.output_ids, params)
+    ref = _reference_log_probs(real_model, real_tokenizer, prompt, r.output_ids)
     np.testing.assert_allclose(lps, ref, atol=2e-3)
     assert r.stats["cum_log_probs"] == pytest.approx(sum(lps), abs=1e-3)
 

@@ -1,18 +1,24 @@
 """The target scorer: one forward pass over the pending tokens plus k drafts (vLLM's ``MQAScorer``; gpt-fast).
 
-Returns target probabilities for the k+1 positions after the request's sampling transforms: row i is the target
-distribution for the token after draft i-1 (row 0 follows the last committed token; row k is the bonus position), and
-the target's last hidden states at the same positions (what a hidden-state speculator drafts from).
+Returns target probabilities for the k+1 positions after the request's logits processors (each position over its own
+prefix: :func:`~spec_decode.processors.process_logits`) and sampling transforms: row i is the target distribution for
+the token after draft i-1 (row 0 follows the last committed token; row k is the bonus position), and the target's last
+hidden states at the same positions (what a hidden-state speculator drafts from); with log-probs asked for, the log-prob
+rows of the server's ``logprobs_mode`` and, on a sequence's first step, the prompt tokens' log-probs.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from ..processors import LOGPROBS_MODES, ProcessorSpec, TokenLogprobs, process_logits, token_logprobs
 from ..sampling import SamplingParams, logits_to_probs
 from .kv_cache import CachedCausalLM
+
+if TYPE_CHECKING:
+    from ..processors.grammar import GrammarCache
 
 
 class Scores(NamedTuple):
@@ -22,10 +28,17 @@ class Scores(NamedTuple):
         probs: [k+1, V] float32 target probabilities on the model's device.
         hidden: [k+1, H] the target's last hidden states (model dtype) at those positions: row j is the state after
             the last committed token and the first j drafts.
+        log_probs: [k+1, V] float32 log-prob rows of the server's ``logprobs_mode`` when the sequence asks for
+            log-probs and the mode is ``raw`` (the target's log-softmax before any processing); None otherwise (the
+            verifier then takes the log of ``probs``: ``processed``).
+        prompt: the prompt tokens' log-probs (tokens 1..P-1; the raw log-softmax) on a sequence's first step when it
+            asks for them (``prompt_logprobs`` >= 0), else None.
     """
 
     probs: torch.Tensor
     hidden: torch.Tensor
+    log_probs: torch.Tensor | None = None
+    prompt: TokenLogprobs | None = None
 
 
 class TargetScorer:
@@ -33,10 +46,19 @@ class TargetScorer:
 
     Args:
         lm: the target model wrapped with its per-sequence KV cache.
+        logprobs_mode: ``raw`` or ``processed`` (:mod:`spec_decode.processors.logprobs`).
+        grammar: the process's grammar matchers, for sequences with structured output (None: refused).
+
+    Raises:
+        ValueError: an unknown ``logprobs_mode``.
     """
 
-    def __init__(self, lm: CachedCausalLM):
+    def __init__(self, lm: CachedCausalLM, logprobs_mode: str = "raw", grammar: GrammarCache | None = None):
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {logprobs_mode!r}")
         self.lm = lm
+        self.logprobs_mode = logprobs_mode
+        self.grammar = grammar
 
     def score(
         self, seq_id: int, token_ids: list[int], draft_token_ids: list[int], params: SamplingParams
@@ -57,22 +79,50 @@ class TargetScorer:
         """
         return self.score_batch([(seq_id, token_ids, draft_token_ids, params)])[0].probs
 
-    def score_batch(self, items: list[tuple[int, list[int], list[int], SamplingParams]]) -> list[Scores]:
+    def score_batch(self, items: list[tuple]) -> list[Scores]:
         """The k+1 positions of several sequences in one forward pass (:meth:`~.kv_cache.CachedCausalLM.logits_batch`).
 
         Args:
-            items: (seq_id, token_ids, draft_token_ids, params) per sequence; seq_ids distinct.
+            items: (seq_id, token_ids, draft_token_ids, params) per sequence, optionally with a fifth element, its
+                :class:`~spec_decode.processors.ProcessorSpec` or None; seq_ids distinct.
 
         Returns:
-            per item, its :class:`Scores` ([k_i+1, V] probabilities, [k_i+1, H] hidden states).
+            per item, its :class:`Scores` ([k_i+1, V] probabilities, [k_i+1, H] hidden states, log-prob rows and
+            prompt log-probs as asked).
 
         Raises:
-            ValueError: as :meth:`~.kv_cache.CachedCausalLM.logits_batch`.
+            ValueError: as :meth:`~.kv_cache.CachedCausalLM.logits_batch`; a guide on a scorer without grammar
+                matchers, or from the grammar (:func:`~spec_decode.processors.process_logits`).
         """
-        calls = [(s, list(ids) + list(d), len(d) + 1) for s, ids, d, _ in items]
+        calls, specs = [], []
+        for seq_id, ids, d, _, *rest in items:
+            spec: ProcessorSpec | None = rest[0] if rest else None
+            n = len(d) + 1
+            if spec is not None and spec.prompt_logprobs >= 0 and len(ids) == spec.prompt_len:
+                n = len(ids) + len(d)  # the first step: every prompt position too
+            calls.append((seq_id, list(ids) + list(d), n))
+            specs.append(spec)
         out = self.lm.logits_batch(calls, hidden=True)
-        return [Scores(logits_to_probs(lg, p), h) for (lg, h), (_, _, _, p) in zip(out, items)]
+        return [self._scores(lg, h, item, spec) for (lg, h), item, spec in zip(out, items, specs)]
+
+    def _scores(self, logits: torch.Tensor, hidden: torch.Tensor, item: tuple, spec: ProcessorSpec | None) -> Scores:
+        """One sequence's :class:`Scores` from its logits (the step's k+1 rows last, after any prompt rows)."""
+        seq_id, ids, drafts, params = item[:4]
+        n = len(drafts) + 1
+        prompt = None
+        if spec is not None and logits.shape[0] > n:  # prompt rows 0..P-2 predict prompt tokens 1..P-1
+            rows = torch.log_softmax(logits[: len(ids) - 1].float(), dim=-1)
+            prompt = token_logprobs(rows, list(ids[1:]), spec.prompt_logprobs)
+        step = logits[-n:]
+        processed = step if spec is None else process_logits(step, spec, ids, list(drafts), self.grammar, seq_id)
+        probs = logits_to_probs(processed, params)
+        log_probs = None
+        if spec is not None and spec.logprobs and self.logprobs_mode == "raw":
+            log_probs = torch.log_softmax(step.float(), dim=-1)
+        return Scores(probs, hidden[-n:], log_probs, prompt)
 
     def release(self, seq_id: int) -> None:
-        """Free the KV cache of ``seq_id``."""
+        """Free the KV cache (and the grammar matcher) of ``seq_id``."""
         self.lm.release(seq_id)
+        if self.grammar is not None:
+            self.grammar.release(seq_id)

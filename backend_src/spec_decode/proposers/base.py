@@ -9,14 +9,18 @@ call per batch of sequences, a proposal per sequence) and transformers' candidat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from ..processors import ProcessorSpec, process_logits
 from ..sampling import NoisePurpose, SamplingParams, generator_for, logits_to_probs, sample_from
 from ..schedule import KSchedule, make_schedule
 from ..settings import ConfigSettings
+
+if TYPE_CHECKING:
+    from ..processors.grammar import GrammarCache
 
 
 @dataclass
@@ -59,6 +63,9 @@ class ProposalRequest:
         hidden_states: [m, H] float32, the target's last hidden states at the m positions before the last token
             (those the previous step scored and accepted; :class:`~spec_decode.protocol.StepInputs`), or None (a
             sequence's first step); only proposers with ``needs_hidden_states`` get them.
+        processors: the request's logits processors (:mod:`spec_decode.processors`), or None: a model proposer
+            applies them to its own distribution (:func:`draft_token`), so it does not draft tokens the target
+            would give probability zero.
     """
 
     seq_id: int
@@ -67,6 +74,7 @@ class ProposalRequest:
     params: SamplingParams
     step: int
     hidden_states: torch.Tensor | None = None
+    processors: ProcessorSpec | None = None
 
 
 class Proposer:
@@ -86,6 +94,9 @@ class Proposer:
             here). Default False.
         GAUGES: the Prometheus gauges it exports from draft_model, name -> help text; values from :meth:`gauges`.
             Default none.
+        applies_processors: True when it drafts from its own distribution through :func:`draft_token`, which applies
+            the request's logits processors (draft_model then gives it ``grammar``, its grammar matchers, for
+            structured output). Default False (the target rejects the drafts the processors forbid).
 
     Subclasses implement :meth:`propose` and override, where the defaults do not fit: :meth:`from_config` (default
     ``cls(settings)``), :meth:`configured` (default True), :meth:`check`, :meth:`observe` and :meth:`release`
@@ -96,6 +107,8 @@ class Proposer:
     Settings: ClassVar[type[ConfigSettings]] = ConfigSettings
     needs_hidden_states: ClassVar[bool] = False
     GAUGES: ClassVar[dict[str, str]] = {}
+    applies_processors: ClassVar[bool] = False  # drafts from a distribution through draft_token (draft LM, EAGLE)
+    grammar: GrammarCache | None = None  # draft_model's grammar matchers, set on proposers that apply processors
 
     def __init__(self, settings: ConfigSettings | None = None) -> None:
         """Keeps nothing: a subclass's constructor takes what its :meth:`from_config` passes (by default its
@@ -148,13 +161,14 @@ class Proposer:
         raise NotImplementedError
 
     def propose_one(self, seq_id: int, token_ids: list[int], k: int, params: SamplingParams | None = None,
-                    step: int = 0, hidden_states: torch.Tensor | None = None) -> Proposal:
+                    step: int = 0, hidden_states: torch.Tensor | None = None,
+                    processors: ProcessorSpec | None = None) -> Proposal:
         """:meth:`propose` for one sequence (``params`` None: greedy), for tests, benchmarks and the in-process
         transport; an empty proposal when ``k`` <= 0."""
         if k <= 0:
             return Proposal.empty()
         return self.propose([ProposalRequest(seq_id, list(token_ids), k, params or SamplingParams(), step,
-                                             hidden_states)])[0]
+                                             hidden_states, processors)])[0]
 
     def check(self, request: ProposalRequest) -> None:
         """Raise ValueError (:class:`~spec_decode.settings.InvalidInputError`, naming the input) when ``request``
@@ -188,21 +202,37 @@ class Proposer:
         return make_schedule(configured, max_k)
 
 
-def draft_token(logits: torch.Tensor, request: ProposalRequest, purpose: NoisePurpose,
-                slot: int) -> tuple[int, torch.Tensor]:
-    """One draft token from a model proposer's logits under the request's sampling.
+def draft_token(logits: torch.Tensor, request: ProposalRequest, purpose: NoisePurpose, slot: int,
+                drafts: list[int] | None = None, column_ids: torch.Tensor | None = None,
+                grammar: GrammarCache | None = None) -> tuple[int, torch.Tensor]:
+    """One draft token from a model proposer's logits under the request's processors and sampling.
 
     Args:
         logits: [N] the proposer's logits for the slot (over its own, possibly pruned, vocabulary).
-        request: the sequence's request (its sampling parameters, seed and step).
+        request: the sequence's request (its sampling parameters, seed, step and processors).
         purpose: the proposer's noise purpose (one per proposer, so two proposers never share noise).
         slot: the draft's index in the step (0-based).
+        drafts: the target ids drafted before this slot in this step (the processors' prefix is ``token_ids +
+            drafts``).
+        column_ids: [N] int64, the target id of each logits column (a pruned vocabulary), or None (column = id).
+        grammar: the process's grammar matchers; without them a request's guide is not applied to the draft (the
+            target still enforces it).
 
     Returns:
-        (token index in [0, N), probs [N] float32 after the request's temperature / top-k / top-p): the argmax when
-        greedy, else a draw keyed by (seed, step, purpose, slot) (:func:`~spec_decode.sampling.generator_for`), so a
-        seeded request's drafts are reproducible. The verifier needs those ``probs`` for rejection sampling.
+        (token index in [0, N), probs [N] float32 after the request's processors and temperature / top-k / top-p):
+        the argmax when greedy, else a draw keyed by (seed, step, purpose, slot)
+        (:func:`~spec_decode.sampling.generator_for`), so a seeded request's drafts are reproducible. The verifier
+        needs those ``probs`` for rejection sampling.
+
+    Raises:
+        ValueError: from the grammar (:func:`~spec_decode.processors.process_logits`).
     """
+    spec = request.processors
+    if spec is not None and spec.changes_logits:
+        if spec.guide_type and grammar is None:
+            spec = replace(spec, guide_type="", guide="")
+        logits = process_logits(logits[None], spec, list(request.token_ids) + list(drafts or ()), (), grammar,
+                                request.seq_id, column_ids)[0]
     probs = logits_to_probs(logits, request.params)
     if request.params.is_greedy:
         return int(torch.argmax(probs)), probs

@@ -1,6 +1,7 @@
 """Backend of the ``draft_model`` model: the proposers of :mod:`spec_decode.proposers.registry`.
 
-Config parameters: ``max_num_draft_tokens`` (:class:`~spec_decode.settings.DraftModelSettings`) and each registered
+Config parameters: ``max_num_draft_tokens`` and ``tokenizer_path`` (:class:`~spec_decode.settings.DraftModelSettings`;
+the target tokenizer over which the model proposers keep structured output's grammar state) and each registered
 proposer's own (its ``Settings``: the draft LM's ``draft_model_path``, ``draft_min_token_prob``, ``device``, ``dtype``,
 ``max_sequences``; ``ngram_*``; ``suffix_*``; ``eagle_*``; ``hybrid_fallback``; docs/configuration.md). Inputs: the
 step protocol's (:data:`~.wire.DRAFT_MODEL_INPUTS`). Outputs per row: ``draft_token_ids`` INT64 [k'] and
@@ -12,11 +13,14 @@ gauges.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
 import torch
 
+from ..engine.model_loading import load_tokenizer, resolve_model_path
+from ..processors.grammar import GrammarCache
 from ..proposers import NO_SPECULATION, Proposal, build_proposers
 from ..proposers.registry import config_parameters
 from ..settings import DraftModelSettings, InvalidInputError
@@ -24,6 +28,8 @@ from .batching import BatchedBackend, Work
 from .metrics import Metrics
 from .step_inputs import is_release, proposal_request, sequence_id, token_ids
 from .wire import DRAFT_MODEL_INPUTS
+
+logger = logging.getLogger(__name__)
 
 
 def _no_drafts() -> dict:
@@ -57,9 +63,31 @@ class DraftBackend(BatchedBackend):
         super().__init__(params, metrics, config_parameters())
         self.proposers = build_proposers(params)
         self.methods = (NO_SPECULATION, *self.proposers)
+        self.grammar: GrammarCache | None = None  # built at the first structured-output row (model proposers)
+        self._grammar_tried = not any(p.applies_processors for p in self.proposers.values())
+        tokenizer_path = resolve_model_path(self.settings.tokenizer_path)
+        if tokenizer_path is None:
+            raise ValueError(f"config parameter 'tokenizer_path': {self.settings.tokenizer_path!r} names no tokenizer")
+        self._tokenizer_path = tokenizer_path
         for p in self.proposers.values():
             self.metrics.declare(p.GAUGES)
         self._refresh_gauges()
+
+    def _start_grammar(self) -> None:
+        """Give the model proposers (:attr:`~spec_decode.proposers.Proposer.applies_processors`) grammar matchers over
+        the target's tokenizer, so that they draft only what the grammar allows. Without a tokenizer they draft
+        unconstrained (a warning, once): target_model still enforces the grammar, so output is unchanged."""
+        self._grammar_tried = True
+        try:
+            tokenizer = load_tokenizer(self._tokenizer_path)
+        except (OSError, ValueError) as e:
+            logger.warning("draft_model: no tokenizer at %s (%s): model proposers draft without the grammar",
+                           self._tokenizer_path, e)
+            return
+        self.grammar = GrammarCache(tokenizer, len(tokenizer))
+        for p in self.proposers.values():
+            if p.applies_processors:
+                p.grammar = self.grammar
 
     def _refresh_gauges(self) -> None:
         for p in self.proposers.values():
@@ -75,10 +103,14 @@ class DraftBackend(BatchedBackend):
                 final = None
             for p in self.proposers.values():
                 p.release(seq_id, final)
+            if self.grammar is not None:
+                self.grammar.release(seq_id)
             return _no_drafts()
         method, request = proposal_request(inputs, self.methods, self.settings.max_num_draft_tokens)
         if request is None:
             return _no_drafts()
+        if request.processors is not None and request.processors.guide_type and not self._grammar_tried:
+            self._start_grammar()
         self.proposers[method].check(request)
         return Work(seq_id, request, _outputs, group=method)
 

@@ -24,13 +24,41 @@ from ..protocol import StepInputs, StepResult
 from ..schedule import speculation_disabled
 from ..settings import DraftModelSettings, GenerateSettings, InvalidInputError, one_of, warn_unknown_parameters
 from .adapter import error_response, read_inputs
-from .generate_inputs import RequestLimits, parse_request
+from .generate_inputs import RequestLimits, check_parameters, parse_request
 from .metrics import Metrics, stats_tuple
 from .rounds import StepRounds
 from .triton_step import TritonStep
 from .wire import GENERATE_INPUTS
 
 logger = logging.getLogger(__name__)
+
+
+def end_token_ids(tokenizer, model_path) -> set[int]:
+    """The ids that end generation: the tokenizer's ``eos_token_id`` and every ``eos_token_id`` of the model's
+    ``generation_config.json`` (an int or a list: Llama-3.x-Instruct and Qwen2.5-Instruct list several), as
+    transformers' ``generate`` stops at them."""
+    ids = {tokenizer.eos_token_id} - {None}
+    path = model_path / "generation_config.json" if model_path is not None else None
+    if path is not None and path.is_file():
+        import json
+
+        try:
+            eos = json.loads(path.read_text()).get("eos_token_id")
+        except (OSError, ValueError):
+            eos = None
+        ids.update(int(t) for t in (eos if isinstance(eos, list) else [eos]) if isinstance(t, int))
+    return ids
+
+
+def request_parameters(request) -> dict:
+    """A request's parameters (Triton's ``InferenceRequest.parameters()``, JSON) as a dict; {} when it has none."""
+    import json
+
+    try:
+        raw = request.parameters()
+    except AttributeError:
+        return {}
+    return json.loads(raw) if raw else {}
 
 
 class GenerateBackend:
@@ -66,7 +94,7 @@ class GenerateBackend:
         except InvalidInputError as e:
             raise ValueError(f"config parameter {e.field!r}: {e.detail}") from None
         self.limits = RequestLimits(s, methods, len(self.tokenizer))
-        self.eos_ids = {self.tokenizer.eos_token_id} - {None}
+        self.eos_ids = end_token_ids(self.tokenizer, tokenizer_path)
         self.step = TritonStep(pb_utils)
         self.running = 0  # requests being generated (this instance)
         # Steps of concurrent sequences start together so that they share forward passes (see rounds.py).
@@ -93,7 +121,8 @@ class GenerateBackend:
                                  f"LM")
         return offered_methods(draft_params or {}, forced)
 
-    def _start(self, inputs: dict) -> Generation:
+    def _start(self, inputs: dict, parameters: dict | None = None) -> Generation:
+        check_parameters(parameters or {})
         req = parse_request(inputs, self.limits)
         s = self.settings
         prompt_ids = self.tokenizer(req.text_input)["input_ids"]
@@ -102,17 +131,32 @@ class GenerateBackend:
         return Generation(seq_id, prompt_ids, req, self.tokenizer, self.eos_ids, s.max_model_len, seed,
                           k_schedule(req.speculative_method, s.num_draft_tokens_schedule, s.max_num_draft_tokens))
 
-    def _response(self, gen: Generation, chunk: Chunk, prefix: str = ""):
+    def _response(self, gen: Generation, chunk: Chunk, prefix: str = "", first: bool = False):
         pb = self.pb
         out = [
             pb.Tensor("text_output", np.array([(prefix + chunk.text).encode("utf-8")], np.object_)),
             pb.Tensor("output_ids", np.asarray(chunk.token_ids, np.int32)),
         ]
-        if gen.request.return_log_probs:
+        req = gen.request
+        if req.wants_logprobs:
             out.append(pb.Tensor("output_log_probs", np.asarray(chunk.log_probs, np.float32)))
+        if req.top_logprobs > 0:
+            n, width = len(chunk.token_ids), req.top_logprobs
+            out += [pb.Tensor("output_token_ranks", np.asarray(chunk.ranks, np.int32)),
+                    pb.Tensor("top_log_probs", np.asarray(chunk.top_log_probs, np.float32).reshape(n, width)),
+                    pb.Tensor("top_log_prob_ids", np.asarray(chunk.top_ids, np.int32).reshape(n, width))]
+        if first and req.prompt_logprobs >= 0:
+            p = gen.prompt_logprobs
+            rows, width = (len(p.ranks) if p else 0), req.prompt_logprobs
+            out += [pb.Tensor("prompt_log_probs", np.asarray(p.log_probs if p else [], np.float32)),
+                    pb.Tensor("prompt_token_ranks", np.asarray(p.ranks if p else [], np.int32)),
+                    pb.Tensor("prompt_top_log_probs",
+                              np.asarray(p.top_log_probs if p else [], np.float32).reshape(rows, width)),
+                    pb.Tensor("prompt_top_log_prob_ids",
+                              np.asarray(p.top_ids if p else [], np.int32).reshape(rows, width))]
         if chunk.finished:
             s = gen.stats
-            if gen.request.return_log_probs:
+            if req.wants_logprobs:
                 out.append(pb.Tensor("cum_log_probs", np.array([gen.cum_log_prob], np.float32)))
             out += [
                 pb.Tensor("num_steps", np.array([s.steps], np.int32)),
@@ -130,7 +174,7 @@ class GenerateBackend:
         sender = request.get_response_sender()
         final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         try:
-            gen = self._start(read_inputs(request, GENERATE_INPUTS, pb))
+            gen = self._start(read_inputs(request, GENERATE_INPUTS, pb), request_parameters(request))
         except Exception as exc:  # noqa: BLE001
             if not isinstance(exc, ValueError):
                 logger.error("generate: %s", traceback.format_exc())
@@ -138,6 +182,8 @@ class GenerateBackend:
             return
         req = gen.request
         gathered_text, gathered_ids, gathered_lps = [], [], []
+        gathered = Chunk("", [])  # the log-prob lists of a non-streamed response
+        sent_first = False
         self._set_running(+1)
         try:
             self.rounds.join()
@@ -160,22 +206,27 @@ class GenerateBackend:
                         if chunk.finished:
                             break
                         if chunk.token_ids or chunk.text:
-                            sender.send(self._response(gen, chunk))
+                            sender.send(self._response(gen, chunk, first=not sent_first))
+                            sent_first = True
                     else:
                         gathered_text.append(chunk.text)
                         gathered_ids += chunk.token_ids
                         gathered_lps += chunk.log_probs
+                        gathered.ranks += chunk.ranks
+                        gathered.top_ids += chunk.top_ids
+                        gathered.top_log_probs += chunk.top_log_probs
             finally:  # the other sequences' rounds need not wait for this one any more
                 self.rounds.leave()
             if gen.finish_reason == "cancelled":
                 # The client is gone: close the stream without data.
                 sender.send(flags=final)
             elif req.stream:
-                sender.send(self._response(gen, chunk), flags=final)
+                sender.send(self._response(gen, chunk, first=not sent_first), flags=final)
             else:
-                whole = Chunk("".join(gathered_text), gathered_ids, gathered_lps, True, gen.finish_reason)
+                whole = Chunk("".join(gathered_text), gathered_ids, gathered_lps, True, gen.finish_reason,
+                              gathered.ranks, gathered.top_ids, gathered.top_log_probs)
                 prefix = "" if req.exclude_input_in_output else req.text_input
-                sender.send(self._response(gen, whole, prefix), flags=final)
+                sender.send(self._response(gen, whole, prefix, first=True), flags=final)
         except Exception as exc:  # noqa: BLE001
             logger.error("generate: %s", traceback.format_exc())
             gen.finish_reason = "error"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..processors import TokenLogprobs
 from ..protocol import StepInputs, StepResult
 from .adapter import stack_rows, strip_padding
 from .step_inputs import round_inputs
@@ -58,12 +59,15 @@ class LocalEnsemble:
             r["draft_token_ids"], r["draft_probs"] = draft_ids[row], draft_probs[row]
         scored = _raise_first(self.target.run_batch(rows))
         target_probs, hidden = _stack(scored, "target_probs"), _stack(scored, "hidden_states")
+        log_probs = _stack(scored, "log_probs")
         for row, r in enumerate(rows):
-            r["target_probs"] = target_probs[row]
-        outs = _raise_first(self.verifier.run_batch([{name: r[name] for name in self.verifier.INPUTS} for r in rows]))
-        for row, (o, row_ids) in enumerate(zip(outs, draft_ids)):
+            r["target_probs"], r["log_probs"] = target_probs[row], log_probs[row]
+        outs = _raise_first(self.verifier.run_batch([{name: r[name] for name in self.verifier.INPUTS if name in r}
+                                                     for r in rows]))
+        for row, (o, row_ids, s) in enumerate(zip(outs, draft_ids, scored)):
             o["num_drafted"] = len(strip_padding(row_ids))
             o["hidden_states"] = hidden[row]
+            o["prompt"] = s
         return outs
 
     def run_round(self, inps: list[StepInputs]) -> list[StepResult]:
@@ -73,12 +77,21 @@ class LocalEnsemble:
             ValueError: an invalid input of any row (the first such row's error, as the ensemble's error response).
         """
         results = []
-        for o in self._run(inps, release=False):
+        for inp, o in zip(inps, self._run(inps, release=False)):
             ids = strip_padding(o["output_ids"])
             hidden = np.asarray(o["hidden_states"].float().cpu() if hasattr(o["hidden_states"], "cpu")
                                 else o["hidden_states"], np.float32)[:len(ids)]
-            results.append(StepResult(ids, o["num_drafted"], np.asarray(o["output_log_probs"])[:len(ids)].tolist(),
-                                      hidden))
+            res = StepResult(ids, o["num_drafted"], np.asarray(o["output_log_probs"])[:len(ids)].tolist(), hidden)
+            spec = inp.processors
+            if spec is not None and spec.logprobs:
+                res.logprobs = TokenLogprobs(res.log_probs or [], np.asarray(o["output_token_ranks"]).tolist(),
+                                             np.asarray(o["top_log_prob_ids"]).tolist(),
+                                             np.asarray(o["top_log_probs"]).tolist())
+            p = o["prompt"]
+            if spec is not None and spec.prompt_logprobs >= 0 and len(p["prompt_token_ranks"]):
+                res.prompt = TokenLogprobs(p["prompt_log_probs"].tolist(), p["prompt_token_ranks"].tolist(),
+                                           p["prompt_top_log_prob_ids"].tolist(), p["prompt_top_log_probs"].tolist())
+            results.append(res)
         return results
 
     def release(self, inps: list[StepInputs]) -> None:

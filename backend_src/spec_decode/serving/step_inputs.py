@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..processors import ProcessorSpec, parse_spec
 from ..proposers import NO_SPECULATION, ProposalRequest, registry
 from ..protocol import StepInputs
 from ..sampling import SamplingParams
@@ -47,6 +48,9 @@ def round_inputs(inps: list[StepInputs], release: bool) -> dict[str, np.ndarray]
         ("release", [release] * len(inps)),
         ("acceptance_method", [i.acceptance_method.encode() for i in inps]))}
     out["token_ids"] = stack_rows([np.asarray(i.token_ids, STEP["token_ids"].numpy_dtype) for i in inps])
+    if not release and any(i.processors is not None for i in inps):
+        out["logits_processors"] = col("logits_processors", [(i.processors.to_json() if i.processors else "").encode()
+                                                             for i in inps])
     if release or any(i.drafts for i in inps):
         out["num_draft_tokens"] = col("num_draft_tokens", [i.num_draft_tokens for i in inps])
         out["speculative_method"] = col("speculative_method", [i.method.encode() for i in inps])
@@ -134,6 +138,15 @@ def sampling_params(inputs: dict) -> SamplingParams:
     )
 
 
+def processor_spec(inputs: dict) -> ProcessorSpec | None:
+    """The row's logits processors and log-prob requests (``logits_processors``, JSON), or None when it has none.
+
+    Raises:
+        InvalidInputError: text that is not a valid spec (naming the field at fault).
+    """
+    return parse_spec(text(inputs, "logits_processors", ""))
+
+
 def acceptance_method(inputs: dict) -> str:
     """The row's acceptance method, or "" for the verifier's default."""
     method = text(inputs, "acceptance_method", "")
@@ -158,4 +171,4 @@ def proposal_request(inputs: dict, methods, max_k: int) -> tuple[str, ProposalRe
         return method, None
     hidden = context_hidden_states(inputs) if needs_hidden_states(method) else None
     return method, ProposalRequest(sequence_id(inputs), token_ids(inputs), k, sampling_params(inputs),
-                                   int(scalar(inputs, "step", 0)), hidden)
+                                   int(scalar(inputs, "step", 0)), hidden, processor_spec(inputs))

@@ -1,10 +1,14 @@
 """Backend of the ``target_model`` model: the scorer over k+1 positions with the per-sequence KV cache.
 
 Config parameters: :class:`~spec_decode.settings.TargetSettings` (``model_path``, ``device``, ``dtype``,
-``max_sequences``). Inputs: :data:`~.wire.TARGET_MODEL_INPUTS`. Outputs per row: ``target_probs`` FP32 [k+1, V] and
+``max_sequences``, ``logprobs_mode``). Inputs: :data:`~.wire.TARGET_MODEL_INPUTS`. Outputs per row: ``target_probs``
+FP32 [k+1, V] after the row's logits processors (``logits_processors``: :mod:`spec_decode.processors`) and
 ``hidden_states`` FP32 [k+1, H], the target's last hidden states at the same positions (what a hidden-state speculator
 drafts from; generate keeps those of the accepted positions for the sequence's next step), both on the model's device
-([0, 0] for a release). The rows of one ``execute()`` are scored in one forward pass
+([0, 0] for a release); ``log_probs`` FP32 [k+1, V] raw log-prob rows when the row asks for log-probs and
+``logprobs_mode`` is ``raw`` (else [0, 0]); the prompt's log-probs (``prompt_log_probs`` [P-1], ``prompt_token_ranks``
+[P-1], ``prompt_top_log_probs`` / ``prompt_top_log_prob_ids`` [P-1, N]) on a first step that asks for them (else
+empty). The rows of one ``execute()`` are scored in one forward pass
 (:meth:`~spec_decode.engine.scorer.TargetScorer.score_batch`). Metrics (docs/metrics.md): time scoring, the target's
 KV caches.
 """
@@ -13,20 +17,49 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
-from ..engine.model_loading import load_cached_lm, resolve_model_path
+from ..engine.model_loading import load_cached_lm, load_tokenizer, resolve_model_path
 from ..engine.scorer import Scores, TargetScorer
-from ..settings import TargetSettings
+from ..processors import TokenLogprobs
+from ..processors.grammar import GrammarCache
+from ..settings import InvalidInputError, TargetSettings
 from .batching import BatchedBackend, Work
 from .metrics import Metrics
-from .step_inputs import draft_token_ids, is_release, sampling_params, sequence_id, token_ids
+from .step_inputs import draft_token_ids, is_release, processor_spec, sampling_params, sequence_id, token_ids
 from .wire import TARGET_MODEL_INPUTS
+
+
+def grammar_cache(model_path, vocab_size: int, max_sequences: int) -> GrammarCache:
+    """Grammar matchers over the tokenizer of ``model_path`` (built at a process's first structured-output request).
+
+    Raises:
+        InvalidInputError: (field ``guided_decoding_guide_type``) the folder has no tokenizer to build them over.
+    """
+    try:
+        tokenizer = load_tokenizer(model_path)
+    except (OSError, ValueError) as e:
+        raise InvalidInputError("guided_decoding_guide_type", f"structured output needs the target's tokenizer in "
+                                f"{model_path}: {e}") from None
+    return GrammarCache(tokenizer, vocab_size, max_sequences=max_sequences)
+
+
+def prompt_outputs(prompt: TokenLogprobs | None) -> dict:
+    """The prompt's log-probs as the ``prompt_*`` outputs (empty without them)."""
+    p = prompt or TokenLogprobs([], [], [], [])
+    width = len(p.top_ids[0]) if p.top_ids else 0
+    return {"prompt_log_probs": np.asarray(p.log_probs, np.float32),
+            "prompt_token_ranks": np.asarray(p.ranks, np.int64),
+            "prompt_top_log_probs": np.asarray(p.top_log_probs, np.float32).reshape(len(p.ranks), width),
+            "prompt_top_log_prob_ids": np.asarray(p.top_ids, np.int64).reshape(len(p.ranks), width)}
 
 
 def _outputs(scores: Scores) -> dict:
     """A row's scores as target_model's outputs (float32)."""
-    return {"target_probs": scores.probs.float(), "hidden_states": scores.hidden.float()}
+    lp = scores.log_probs if scores.log_probs is not None else torch.zeros((0, 0), dtype=torch.float32)
+    return {"target_probs": scores.probs.float(), "hidden_states": scores.hidden.float(), "log_probs": lp,
+            **prompt_outputs(scores.prompt)}
 
 
 class TargetBackend(BatchedBackend):
@@ -49,7 +82,8 @@ class TargetBackend(BatchedBackend):
         if path is None:
             raise ValueError(f"config parameter 'model_path': {self.settings.model_path!r} names no model")
         self.lm = load_cached_lm(path, self.settings)
-        self.scorer = TargetScorer(self.lm)
+        self.model_path = path
+        self.scorer = TargetScorer(self.lm, self.settings.logprobs_mode)  # grammar matchers: at the first guide
         self._refresh_gauges()
 
     def _refresh_gauges(self) -> None:
@@ -66,9 +100,14 @@ class TargetBackend(BatchedBackend):
         seq_id = sequence_id(inputs)
         if is_release(inputs):
             self.scorer.release(seq_id)
-            return {"target_probs": torch.zeros((0, 0), dtype=torch.float32),
-                    "hidden_states": torch.zeros((0, 0), dtype=torch.float32)}
+            empty = torch.zeros((0, 0), dtype=torch.float32)
+            return {"target_probs": empty, "hidden_states": empty, "log_probs": empty, **prompt_outputs(None)}
         drafts = draft_token_ids(inputs, self.lm.vocab_size)
-        ids, params = token_ids(inputs), sampling_params(inputs)
+        ids, params, spec = token_ids(inputs), sampling_params(inputs), processor_spec(inputs)
         self.lm.check(ids + drafts, len(drafts) + 1)
-        return Work(seq_id, (seq_id, ids, drafts, params), _outputs)
+        if spec is not None and spec.prompt_len > len(ids):
+            raise InvalidInputError("logits_processors", f"prompt_len {spec.prompt_len} is above the row's "
+                                                         f"{len(ids)} token ids")
+        if spec is not None and spec.guide_type and self.scorer.grammar is None:
+            self.scorer.grammar = grammar_cache(self.model_path, self.lm.vocab_size, self.settings.max_sequences)
+        return Work(seq_id, (seq_id, ids, drafts, params, spec), _outputs)

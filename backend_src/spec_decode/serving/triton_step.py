@@ -14,6 +14,7 @@ import traceback
 import numpy as np
 
 from ..generation import Generation
+from ..processors import TokenLogprobs
 from ..protocol import StepInputs, StepResult
 from .adapter import strip_padding
 from .step_inputs import needs_hidden_states, round_inputs
@@ -22,6 +23,22 @@ from .wire import SCORE_STEP, SPEC_STEP, STEP_PARTS
 logger = logging.getLogger(__name__)
 
 MAX_PENDING_RELEASES = 256  # failed releases kept to send again (TritonStep.release)
+LOGPROB_OUTPUTS = ("output_token_ranks", "top_log_probs", "top_log_prob_ids")
+PROMPT_OUTPUTS = ("prompt_log_probs", "prompt_token_ranks", "prompt_top_log_probs", "prompt_top_log_prob_ids")
+
+
+def _first_with_prompt_logprobs(inp: StepInputs) -> bool:
+    """Whether the step is a sequence's first (nothing generated yet) and its request asks for prompt log-probs."""
+    spec = inp.processors
+    return spec is not None and spec.prompt_logprobs >= 0 and len(inp.token_ids) == spec.prompt_len
+
+
+def _logprobs(asked: dict, names: tuple[str, str, str], row: int, n: int, top_n: int,
+              log_probs: list[float]) -> TokenLogprobs:
+    """Row ``row``'s first ``n`` (ranks, top log-probs, top ids) of a round's outputs ``names``, padding cut."""
+    ranks, top_lps, top_ids = (asked[name] for name in names)
+    return TokenLogprobs(list(log_probs[:n]), ranks[row, :n].astype(int).tolist(),
+                         top_ids[row, :n, :top_n].astype(int).tolist(), top_lps[row, :n, :top_n].tolist())
 
 
 def _host_array(tensor) -> np.ndarray | None:
@@ -71,6 +88,10 @@ class TritonStep:
             model, outputs = self.plain_model_name, ["output_ids", "output_log_probs"]
         if not release and any(needs_hidden_states(i.method) for i in inps):  # only then: a tensor less per step
             outputs.append("hidden_states")
+        if not release and any(i.processors is not None and i.processors.logprobs for i in inps):
+            outputs += ["output_token_ranks", "top_log_probs", "top_log_prob_ids"]
+        if not release and any(_first_with_prompt_logprobs(i) for i in inps):
+            outputs += list(PROMPT_OUTPUTS)
         tensors = [self.pb.Tensor(name, value) for name, value in inputs.items()]
         return model, self.pb.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=outputs)
 
@@ -90,12 +111,22 @@ class TritonStep:
         drafted = get(resp, "draft_token_ids")
         drafted = None if drafted is None else drafted.as_numpy().reshape(len(inps), -1)
         hidden = _host_array(get(resp, "hidden_states"))
+        asked = {name: _host_array(get(resp, name)) for name in (*LOGPROB_OUTPUTS, *PROMPT_OUTPUTS)}
         out = []
-        for row in range(len(inps)):
+        for row, inp in enumerate(inps):
             n = len(strip_padding(ids[row]))
             k = 0 if drafted is None else len(strip_padding(drafted[row]))
             h = None if hidden is None or hidden.ndim != 3 else hidden[row, :n].copy()
-            out.append(StepResult(ids[row, :n].tolist(), k, lps[row, :n].tolist(), h))
+            res = StepResult(ids[row, :n].tolist(), k, lps[row, :n].tolist(), h)
+            spec = inp.processors
+            if spec is not None and spec.logprobs and asked["output_token_ranks"] is not None:
+                res.logprobs = _logprobs(asked, LOGPROB_OUTPUTS, row, n, spec.top_logprobs, res.log_probs or [])
+            prompt_lps = asked["prompt_log_probs"]
+            if spec is not None and _first_with_prompt_logprobs(inp) and prompt_lps is not None:
+                n_prompt = len(inp.token_ids) - 1
+                res.prompt = _logprobs(asked, PROMPT_OUTPUTS[1:], row, n_prompt, spec.prompt_logprobs,
+                                       prompt_lps[row, :n_prompt].tolist())
+            out.append(res)
         return out
 
     def _unready_parts(self) -> str:

@@ -3,9 +3,13 @@
 Config parameters: :class:`~spec_decode.verifier.VerifierSettings` (``acceptance_method``, the default when a request
 names none; ``typical_epsilon``, ``typical_alpha``, ``backend``, ``num_threads``; docs/verifier.md). Inputs:
 :data:`~.wire.VERIFIER_INPUTS`. Outputs per row: ``output_ids`` INT64 [n] (1 <= n <= k+1) and ``output_log_probs``
-FP32 [n]; both empty for a release. The rows of one ``execute()`` (a round, and requests queued with it) are verified
-in one :meth:`~spec_decode.verifier.Verifier.verify_batch` call: one kernel launch per kind of row on CUDA; a row's bad
-input fails that row alone, a sampler error the rows verified with it. Greedy rows (temperature 0) are the argmax walk.
+FP32 [n]; for a row whose ``logits_processors`` ask for log-probs, ``output_token_ranks`` INT64 [n] and the top
+``top_logprobs`` alternatives ``top_log_probs`` FP32 / ``top_log_prob_ids`` INT64 [n, N], from target_model's raw
+``log_probs`` rows (``logprobs_mode: raw``) or the log of ``target_probs`` (``processed``)
+(:func:`~spec_decode.processors.step_logprobs`); all empty for a release. The rows of one ``execute()`` (a round,
+and requests queued with it) are verified in one :meth:`~spec_decode.verifier.Verifier.verify_batch` call: one kernel
+launch per kind of row on CUDA; a row's bad input fails that row alone, a sampler error the rows verified with it.
+Greedy rows (temperature 0) are the argmax walk.
 Metrics (docs/metrics.md): time verifying.
 """
 
@@ -16,16 +20,28 @@ import time
 import numpy as np
 import torch
 
+from ..processors import ProcessorSpec, TokenLogprobs, step_logprobs
 from ..verifier import Verifier, VerifierRow, VerifierSettings
 from .batching import BatchedBackend, Work
 from .metrics import Metrics
-from .step_inputs import acceptance_method, draft_token_ids, sampling_params, scalar
+from .step_inputs import acceptance_method, draft_token_ids, processor_spec, sampling_params, scalar
 from .wire import VERIFIER_INPUTS
 
 
-def _outputs(out: tuple[list[int], list[float]]) -> dict:
-    """A row's (ids, log-probs) as the verifier's outputs."""
-    return {"output_ids": np.asarray(out[0], np.int64), "output_log_probs": np.asarray(out[1], np.float32)}
+def _outputs(out: tuple[list[int], list[float], TokenLogprobs | None]) -> dict:
+    """A row's (ids, log-probs, asked-for log-probs) as the verifier's outputs."""
+    ids, lps, asked = out
+    n = len(ids)
+    if asked is None:
+        asked = TokenLogprobs(lps, [], [[] for _ in ids], [[] for _ in ids])
+    width = len(asked.top_ids[0]) if asked.top_ids else 0
+    return {"output_ids": np.asarray(ids, np.int64), "output_log_probs": np.asarray(asked.log_probs, np.float32),
+            "output_token_ranks": np.asarray(asked.ranks, np.int64),
+            "top_log_probs": np.asarray(asked.top_log_probs, np.float32).reshape(n, width),
+            "top_log_prob_ids": np.asarray(asked.top_ids, np.int64).reshape(n, width)}
+
+
+_EMPTY = _outputs(([], [], None))
 
 
 class VerifierBackend(BatchedBackend):
@@ -46,6 +62,15 @@ class VerifierBackend(BatchedBackend):
         if self.settings.num_threads > 0:  # its CPU work is small: more threads only spin against the target's
             torch.set_num_threads(self.settings.num_threads)
         self.verifier = Verifier(self.settings)
+
+    @staticmethod
+    def _log_rows(inputs: dict, k: int) -> torch.Tensor | None:
+        """The row's raw log-prob rows [k+1, V], or None (absent, or the zero padding of a row without them)."""
+        lp = inputs.get("log_probs")
+        if lp is None or np.prod(tuple(lp.shape)) == 0:
+            return None
+        lp = torch.as_tensor(lp)[: k + 1]
+        return lp if bool(lp.any()) else None
 
     @staticmethod
     def _row(inputs: dict) -> VerifierRow:
@@ -74,12 +99,16 @@ class VerifierBackend(BatchedBackend):
 
     def _plan(self, inputs: dict):
         if self._is_release(inputs):
-            return {"output_ids": np.zeros(0, np.int64), "output_log_probs": np.zeros(0, np.float32)}
+            return dict(_EMPTY)
         # Rows have no per-sequence state: any distinct key puts them all in one call.
-        return Work(id(inputs), self._row(inputs), _outputs)
+        row, spec = self._row(inputs), processor_spec(inputs)
+        log_rows = self._log_rows(inputs, row.k) if spec is not None and spec.logprobs else None
+        return Work(id(inputs), (row, spec, log_rows), _outputs)
 
-    def _run_group(self, group, rows: list[VerifierRow]) -> list:
+    def _run_group(self, group, items: list[tuple[VerifierRow, ProcessorSpec | None, torch.Tensor | None]]) -> list:
         start = time.perf_counter()
-        out = self.verifier.verify_batch(rows)
+        out = self.verifier.verify_batch([row for row, _, _ in items])
         self.metrics.add("spec_decode_verify_seconds_total", time.perf_counter() - start)
-        return out
+        return [(ids, lps, step_logprobs(row.target_probs, log_rows, ids, spec.top_logprobs)
+                 if spec is not None and spec.logprobs else None)
+                for (ids, lps), (row, spec, log_rows) in zip(out, items)]

@@ -77,6 +77,15 @@ STEP: dict[str, Tensor] = _table(
     Tensor("hidden_states", "FP32", (-1, -1)),  # [k+1, H] the target's last hidden states
     Tensor("output_ids", "INT64", (-1,)),  # [n] accepted drafts, then the recovered or bonus token
     Tensor("output_log_probs", "FP32", (-1,)),
+    Tensor("logits_processors", "STRING", (1,)),  # the row's ProcessorSpec as JSON ("" = none)
+    Tensor("log_probs", "FP32", (-1, -1)),  # [k+1, V] raw log-prob rows, or [0, 0] (the verifier uses target_probs)
+    Tensor("output_token_ranks", "INT64", (-1,)),  # [n] 1-based rank of each output id (with log-probs asked for)
+    Tensor("top_log_probs", "FP32", (-1, -1)),  # [n, N] the N most probable tokens' log-probs per output position
+    Tensor("top_log_prob_ids", "INT64", (-1, -1)),  # [n, N] their ids
+    Tensor("prompt_log_probs", "FP32", (-1,)),  # [P-1] prompt tokens 1..P-1 (a first step that asks for them)
+    Tensor("prompt_token_ranks", "INT64", (-1,)),
+    Tensor("prompt_top_log_probs", "FP32", (-1, -1)),
+    Tensor("prompt_top_log_prob_ids", "INT64", (-1, -1)),
 )
 
 # generate's client tensors (TensorRT-LLM / vLLM backend names).
@@ -96,6 +105,20 @@ CLIENT: dict[str, Tensor] = _table(
     Tensor("num_draft_tokens", "INT32", (1,), optional=True),
     Tensor("speculative_method", "STRING", (1,), optional=True),
     Tensor("acceptance_method", "STRING", (1,), optional=True),
+    Tensor("repetition_penalty", "FP32", (1,), optional=True),
+    Tensor("presence_penalty", "FP32", (1,), optional=True),
+    Tensor("frequency_penalty", "FP32", (1,), optional=True),
+    Tensor("min_tokens", "INT32", (1,), optional=True),
+    Tensor("min_length", "INT32", (1,), optional=True),  # min_tokens' older TensorRT-LLM name
+    Tensor("bad_words", "STRING", (-1,), optional=True),
+    Tensor("stop_token_ids", "INT32", (-1,), optional=True),
+    Tensor("guided_decoding_guide_type", "STRING", (1,), optional=True),
+    Tensor("guided_decoding_guide", "STRING", (1,), optional=True),
+    Tensor("top_logprobs", "INT32", (1,), optional=True),
+    Tensor("prompt_logprobs", "INT32", (1,), optional=True),
+    Tensor("beam_width", "INT32", (1,), optional=True),  # refused above 1
+    Tensor("num_return_sequences", "INT32", (1,), optional=True),  # refused above 1
+    Tensor("n", "INT32", (1,), optional=True),  # vLLM's name of the same; refused above 1
     # outputs
     Tensor("text_output", "STRING", (-1,)),
     Tensor("output_ids", "INT32", (-1,)),
@@ -106,6 +129,13 @@ CLIENT: dict[str, Tensor] = _table(
     Tensor("num_accepted_tokens", "INT32", (1,)),
     Tensor("num_emitted_tokens", "INT32", (1,)),
     Tensor("finish_reason", "STRING", (1,)),
+    Tensor("output_token_ranks", "INT32", (-1,)),
+    Tensor("top_log_probs", "FP32", (-1, -1)),
+    Tensor("top_log_prob_ids", "INT32", (-1, -1)),
+    Tensor("prompt_log_probs", "FP32", (-1,)),
+    Tensor("prompt_token_ranks", "INT32", (-1,)),
+    Tensor("prompt_top_log_probs", "FP32", (-1, -1)),
+    Tensor("prompt_top_log_prob_ids", "INT32", (-1, -1)),
 )
 
 
@@ -141,37 +171,43 @@ class ModelWire:
 
 
 _DRAFT_IN = ("sequence_id token_ids num_draft_tokens speculative_method temperature top_k top_p random_seed seeded "
-             "step release context_hidden_states num_context_hidden_states")
-_TARGET_IN = "sequence_id token_ids draft_token_ids temperature top_k top_p release"
-_VERIFIER_IN = "target_probs draft_token_ids draft_probs temperature random_seed step acceptance_method"
+             "step release context_hidden_states num_context_hidden_states logits_processors")
+_TARGET_IN = "sequence_id token_ids draft_token_ids temperature top_k top_p release logits_processors"
+_VERIFIER_IN = ("target_probs draft_token_ids draft_probs temperature random_seed step acceptance_method "
+                "logits_processors log_probs")
+_PROMPT_OUT = "prompt_log_probs prompt_token_ranks prompt_top_log_probs prompt_top_log_prob_ids"
+_LOGPROBS_OUT = "output_token_ranks top_log_probs top_log_prob_ids " + _PROMPT_OUT
 
 MODELS: dict[str, ModelWire] = {
     "generate": ModelWire(
         _pick(CLIENT, "text_input max_tokens temperature top_p top_k random_seed stop_words end_id stream "
                       "exclude_input_in_output return_log_probs ignore_eos num_draft_tokens speculative_method "
-                      "acceptance_method"),
+                      "acceptance_method repetition_penalty presence_penalty frequency_penalty min_tokens min_length "
+                      "bad_words stop_token_ids guided_decoding_guide_type guided_decoding_guide top_logprobs "
+                      "prompt_logprobs beam_width num_return_sequences n"),
         _pick(CLIENT, "text_output output_ids output_log_probs cum_log_probs num_steps num_draft_tokens_total "
-                      "num_accepted_tokens num_emitted_tokens finish_reason")),
+                      "num_accepted_tokens num_emitted_tokens finish_reason " + _LOGPROBS_OUT)),
     "draft_model": ModelWire(
-        _pick(STEP, _DRAFT_IN, optional="seeded context_hidden_states num_context_hidden_states",
+        _pick(STEP, _DRAFT_IN, optional="seeded context_hidden_states num_context_hidden_states logits_processors",
               ragged="token_ids context_hidden_states"),
         _pick(STEP, "draft_token_ids draft_probs")),
     "target_model": ModelWire(
-        _pick(STEP, _TARGET_IN, ragged="token_ids draft_token_ids"),
-        _pick(STEP, "target_probs hidden_states")),
+        _pick(STEP, _TARGET_IN, optional="logits_processors", ragged="token_ids draft_token_ids"),
+        _pick(STEP, "target_probs hidden_states log_probs " + _PROMPT_OUT)),
     "verifier": ModelWire(
-        _pick(STEP, _VERIFIER_IN),
-        _pick(STEP, "output_ids output_log_probs")),
+        _pick(STEP, _VERIFIER_IN, optional="logits_processors log_probs"),
+        _pick(STEP, "output_ids output_log_probs output_token_ranks top_log_probs top_log_prob_ids")),
     SPEC_STEP: ModelWire(
         _pick(STEP, "sequence_id token_ids num_draft_tokens speculative_method temperature top_k top_p random_seed "
-                    "seeded step release acceptance_method context_hidden_states num_context_hidden_states",
-              optional="context_hidden_states num_context_hidden_states"),
-        _pick(STEP, "output_ids output_log_probs hidden_states draft_token_ids"),
+                    "seeded step release acceptance_method context_hidden_states num_context_hidden_states "
+                    "logits_processors",
+              optional="context_hidden_states num_context_hidden_states logits_processors"),
+        _pick(STEP, "output_ids output_log_probs hidden_states draft_token_ids " + _LOGPROBS_OUT),
         steps=("draft_model", "target_model", "verifier")),
     SCORE_STEP: ModelWire(
         _pick(STEP, "sequence_id token_ids draft_token_ids draft_probs temperature top_k top_p random_seed step "
-                    "release acceptance_method"),
-        _pick(STEP, "output_ids output_log_probs hidden_states"),
+                    "release acceptance_method logits_processors", optional="logits_processors"),
+        _pick(STEP, "output_ids output_log_probs hidden_states " + _LOGPROBS_OUT),
         steps=("target_model", "verifier")),
 }
 

@@ -86,3 +86,52 @@ def test_the_server_defaults_come_from_generate_s_settings_and_requests_are_froz
         r.max_tokens = 3  # noqa: B018 - frozen: what was checked cannot change afterwards
     with pytest.raises(InvalidInputError, match="'top_k'"):
         GenerationRequest("x", 4, top_k=-1)  # built directly, the same rules apply
+
+
+def test_the_processor_controls_are_parsed_under_the_tensorrt_llm_names():
+    r = parse_request(_req(repetition_penalty=np.array([1.2], np.float32), presence_penalty=np.array([0.5], np.float32),
+                           frequency_penalty=np.array([-0.5], np.float32), min_length=np.array([3], np.int32),
+                           bad_words=np.array([b"foo", b"bar baz"], object),
+                           stop_token_ids=np.array([7, 9], np.int32), top_logprobs=np.array([4], np.int32),
+                           prompt_logprobs=np.array([0], np.int32),
+                           guided_decoding_guide_type=np.array([b"regex"], object),
+                           guided_decoding_guide=np.array([b"[a-z]+"], object), n=np.array([1], np.int32)), LIMITS)
+    assert (r.repetition_penalty, r.presence_penalty, r.frequency_penalty) == pytest.approx((1.2, 0.5, -0.5))
+    assert (r.min_tokens, r.bad_words, r.stop_token_ids) == (3, ("foo", "bar baz"), (7, 9))
+    assert (r.top_logprobs, r.prompt_logprobs, r.guided_decoding_guide_type) == (4, 0, "regex")
+    assert r.wants_logprobs and not parse_request(_req(), LIMITS).wants_logprobs
+
+
+@pytest.mark.parametrize("inputs, field", [
+    ({"n": np.array([2], np.int32)}, "n"), ({"beam_width": np.array([4], np.int32)}, "beam_width"),
+    ({"num_return_sequences": np.array([2], np.int32)}, "num_return_sequences"),
+    ({"repetition_penalty": np.array([0.0], np.float32)}, "repetition_penalty"),
+    ({"presence_penalty": np.array([2.5], np.float32)}, "presence_penalty"),
+    ({"frequency_penalty": np.array([np.nan], np.float32)}, "frequency_penalty"),
+    ({"min_tokens": np.array([9], np.int32)}, "min_tokens"),  # above max_tokens = 8
+    ({"min_tokens": np.array([-1], np.int32)}, "min_tokens"),
+    ({"min_tokens": np.array([2], np.int32), "min_length": np.array([3], np.int32)}, "min_length"),
+    ({"top_logprobs": np.array([21], np.int32)}, "top_logprobs"),
+    ({"prompt_logprobs": np.array([-1], np.int32)}, "prompt_logprobs"),
+    ({"stop_token_ids": np.array([100], np.int32)}, "stop_token_ids"),  # vocabulary of 100
+    ({"stop_token_ids": np.array([1.5], np.float32)}, "stop_token_ids"),
+    ({"bad_words": np.array([b""], object)}, "bad_words"),
+    ({"guided_decoding_guide_type": np.array([b"xml"], object)}, "guided_decoding_guide_type"),
+    ({"guided_decoding_guide": np.array([b"[a-z]"], object)}, "guided_decoding_guide"),
+    ({"guided_decoding_guide_type": np.array([b"json_schema"], object),
+      "guided_decoding_guide": np.array([b'{"type": '], object)}, "guided_decoding_guide"),
+    ({"guided_decoding_guide_type": np.array([b"regex"], object), "guided_decoding_guide": np.array([b"(a"], object)},
+     "guided_decoding_guide"),
+    ({"guided_decoding_guide_type": np.array([b"json"], object), "ignore_eos": np.array([True])}, "ignore_eos"),
+])
+def test_bad_processor_controls_are_named(inputs, field):
+    with pytest.raises(InvalidInputError, match=f"'{field}'"):
+        parse_request(_req(**inputs), LIMITS)
+
+
+def test_request_parameters_are_refused_naming_the_key_and_listing_the_inputs():
+    from spec_decode.serving.generate_inputs import check_parameters
+
+    check_parameters({})
+    with pytest.raises(InvalidInputError, match=r"'repetition_penalt'.*accepted: .*repetition_penalty"):
+        check_parameters({"repetition_penalt": 1.2})

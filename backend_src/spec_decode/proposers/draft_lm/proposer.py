@@ -61,6 +61,7 @@ class DraftModelProposer(Proposer):
     """
 
     name = "draft"
+    applies_processors = True
     Settings = DraftLMSettings
     GAUGES = {
         "spec_decode_draft_kv_cache_sequences": "Sequences holding a KV cache in the draft LM",
@@ -123,7 +124,8 @@ class DraftModelProposer(Proposer):
                 lg = lg[0]
                 if vocab is not None:
                     lg = lg[: vocab.unk_index]  # never propose the "outside the set" row
-                tok, probs = draft_token(lg, requests[j], NoisePurpose.DRAFT_LM, i)
+                tok, probs = draft_token(lg, requests[j], NoisePurpose.DRAFT_LM, i, drafts[j],
+                                         None if vocab is None else vocab.token_ids, self.grammar)
                 if not confident(running[j], probs, self.min_token_prob):
                     continue
                 running[j] *= float(probs[tok])

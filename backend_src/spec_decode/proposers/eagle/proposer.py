@@ -73,6 +73,7 @@ class EagleProposer(Proposer):
     """
 
     name = "eagle"
+    applies_processors = True
     Settings = EagleSettings
     needs_hidden_states = True
     GAUGES = {
@@ -212,7 +213,8 @@ class EagleProposer(Proposer):
                 keep, tokens = [], []
                 for row, j in enumerate(live):
                     r = requests[j]
-                    tok, probs = draft_token(logits[row], r, NoisePurpose.EAGLE, i)
+                    tok, probs = draft_token(logits[row], r, NoisePurpose.EAGLE, i, drafts[j], vocab.token_ids,
+                                             self.grammar)
                     if not confident(running[row], probs, self.min_token_prob):
                         continue
                     running[row] *= float(probs[tok])

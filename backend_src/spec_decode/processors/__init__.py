@@ -1,0 +1,11 @@
+"""Logits processors applied exactly at every draft position, and log-probs (docs/client.md).
+
+:mod:`.core` holds the processors (penalties, min_tokens, bad words, structured output) and their per-row spec,
+:mod:`.grammar` the structured-output matchers, :mod:`.logprobs` the emitted and prompt tokens' log-probs.
+"""
+
+from .core import GUIDE_TYPES, LOGPROBS_MODES, MAX_TOP_LOGPROBS, ProcessorSpec, parse_spec, process_logits
+from .logprobs import TokenLogprobs, step_logprobs, token_logprobs
+
+__all__ = ["GUIDE_TYPES", "LOGPROBS_MODES", "MAX_TOP_LOGPROBS", "ProcessorSpec", "TokenLogprobs", "parse_spec",
+           "process_logits", "step_logprobs", "token_logprobs"]
