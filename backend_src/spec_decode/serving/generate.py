@@ -181,8 +181,7 @@ class GenerateBackend:
             sender.send(error_response(exc, pb), flags=final)
             return
         req = gen.request
-        gathered_text, gathered_ids, gathered_lps = [], [], []
-        gathered = Chunk("", [])  # the log-prob lists of a non-streamed response
+        whole = Chunk("", [])  # a non-streamed response: every chunk joined
         sent_first = False
         self._set_running(+1)
         try:
@@ -209,12 +208,12 @@ class GenerateBackend:
                             sender.send(self._response(gen, chunk, first=not sent_first))
                             sent_first = True
                     else:
-                        gathered_text.append(chunk.text)
-                        gathered_ids += chunk.token_ids
-                        gathered_lps += chunk.log_probs
-                        gathered.ranks += chunk.ranks
-                        gathered.top_ids += chunk.top_ids
-                        gathered.top_log_probs += chunk.top_log_probs
+                        whole.text += chunk.text
+                        whole.token_ids += chunk.token_ids
+                        whole.log_probs += chunk.log_probs
+                        whole.ranks += chunk.ranks
+                        whole.top_ids += chunk.top_ids
+                        whole.top_log_probs += chunk.top_log_probs
             finally:  # the other sequences' rounds need not wait for this one any more
                 self.rounds.leave()
             if gen.finish_reason == "cancelled":
@@ -223,8 +222,7 @@ class GenerateBackend:
             elif req.stream:
                 sender.send(self._response(gen, chunk, first=not sent_first), flags=final)
             else:
-                whole = Chunk("".join(gathered_text), gathered_ids, gathered_lps, True, gen.finish_reason,
-                              gathered.ranks, gathered.top_ids, gathered.top_log_probs)
+                whole.finished, whole.finish_reason = True, gen.finish_reason
                 prefix = "" if req.exclude_input_in_output else req.text_input
                 sender.send(self._response(gen, whole, prefix, first=True), flags=final)
         except Exception as exc:  # noqa: BLE001

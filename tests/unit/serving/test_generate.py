@@ -124,3 +124,17 @@ def test_sibling_parameters_reads_the_shipped_draft_model_config():
     params = sibling_parameters({"model_repository": str(DEFAULT_REPOSITORY / "generate")}, "draft_model")
     assert params["max_num_draft_tokens"] == "16" and params["draft_model_path"] == "auto"
     assert sibling_parameters({"model_repository": str(DEFAULT_REPOSITORY / "generate")}, "no_such_model") is None
+
+
+def test_end_ids_are_the_tokenizer_s_and_every_one_of_generation_config(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from spec_decode.serving.generate import end_token_ids
+
+    tok = SimpleNamespace(eos_token_id=2)
+    assert end_token_ids(tok, tmp_path) == {2}  # no generation_config.json
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [128001, 128008, 128009]}))
+    assert end_token_ids(tok, tmp_path) == {2, 128001, 128008, 128009}
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 7}))
+    assert end_token_ids(SimpleNamespace(eos_token_id=None), tmp_path) == {7}
