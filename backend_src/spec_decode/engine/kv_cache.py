@@ -9,6 +9,7 @@ costs time, never correctness. Entries are bounded by count (LRU) and freed by :
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -26,7 +27,7 @@ def cache_keyword(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def common_prefix_len(a: list[int], b: list[int]) -> int:
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token lists."""
     n = min(len(a), len(b))
     i = 0

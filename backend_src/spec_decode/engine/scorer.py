@@ -98,7 +98,7 @@ class TargetScorer:
         for seq_id, ids, d, _, *rest in items:
             spec: ProcessorSpec | None = rest[0] if rest else None
             n = len(d) + 1
-            if spec is not None and spec.prompt_logprobs >= 0 and len(ids) == spec.prompt_len:
+            if spec is not None and spec.prompt_logprobs_at(len(ids)):
                 n = len(ids) + len(d)  # the first step: every prompt position too
             calls.append((seq_id, list(ids) + list(d), n))
             specs.append(spec)

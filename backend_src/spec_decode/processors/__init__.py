@@ -5,7 +5,7 @@
 """
 
 from .core import GUIDE_TYPES, LOGPROBS_MODES, MAX_TOP_LOGPROBS, ProcessorSpec, parse_spec, process_logits
-from .logprobs import TokenLogprobs, step_logprobs, token_logprobs
+from .logprobs import TokenLogprobs, logprob_arrays, step_logprobs, token_logprobs
 
-__all__ = ["GUIDE_TYPES", "LOGPROBS_MODES", "MAX_TOP_LOGPROBS", "ProcessorSpec", "TokenLogprobs", "parse_spec",
-           "process_logits", "step_logprobs", "token_logprobs"]
+__all__ = ["GUIDE_TYPES", "LOGPROBS_MODES", "MAX_TOP_LOGPROBS", "ProcessorSpec", "TokenLogprobs", "logprob_arrays",
+           "parse_spec", "process_logits", "step_logprobs", "token_logprobs"]

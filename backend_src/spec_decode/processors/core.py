@@ -16,7 +16,7 @@ tokens; ``min_tokens`` forbids the end ids while the output is shorter; a bad wo
 output ends with the rest of it (vLLM's ``NoBadWordsLogitsProcessor``).
 
 The spec travels to draft_model, target_model and the verifier as one JSON text per row (STEP tensor
-``logits_processors``): :meth:`ProcessorSpec.to_json` / :meth:`ProcessorSpec.from_json`, which checks every value,
+``logits_processors``): :attr:`ProcessorSpec.wire_text` / :meth:`ProcessorSpec.from_json`, which checks every value,
 since the step models are reachable by any client.
 """
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING
 
 import torch
@@ -115,8 +115,14 @@ class ProcessorSpec:
         """Whether any processor can change a logit (else the step is plain sampling)."""
         return self.penalties or self.min_tokens > 0 or bool(self.bad_words) or bool(self.guide_type)
 
-    def to_json(self) -> str:
-        """The spec as the JSON text of the ``logits_processors`` step tensor."""
+    def prompt_logprobs_at(self, n_token_ids: int) -> bool:
+        """Whether a step whose row holds ``n_token_ids`` committed ids returns the prompt's log-probs: the
+        sequence's first step (nothing generated yet), when the request asks for them."""
+        return self.prompt_logprobs >= 0 and n_token_ids == self.prompt_len
+
+    @cached_property
+    def wire_text(self) -> str:
+        """The spec as the JSON text of the ``logits_processors`` step tensor (made once: every step sends it)."""
         d = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
         return json.dumps(d, separators=(",", ":"))
 
@@ -142,9 +148,9 @@ class ProcessorSpec:
             d["stop_ids"] = tuple(int(t) for t in d.get("stop_ids", ()))
             d["bad_words"] = tuple(tuple(int(t) for t in w) for w in d.get("bad_words", ()))
             return ProcessorSpec(**d)
+        except InvalidInputError:
+            raise
         except (TypeError, ValueError) as e:
-            if isinstance(e, InvalidInputError):
-                raise
             raise InvalidInputError("logits_processors", str(e)) from None
 
 
@@ -199,11 +205,10 @@ def process_logits(logits: torch.Tensor, spec: ProcessorSpec, token_ids: Sequenc
         return full if gather is None else full[:, gather]
 
     if spec.penalties:
-        d = torch.tensor(list(drafts), dtype=torch.int64)
         counts = torch.zeros((n, space), dtype=torch.float32)
         if output:
             counts += torch.bincount(torch.tensor(output, dtype=torch.int64), minlength=space)[:space].float()
-        for j, t in enumerate(d.tolist()):  # row j counts the drafts before it
+        for j, t in enumerate(drafts):  # row j counts the drafts before it
             if t < space:
                 counts[j + 1:, t] += 1
         counts = to_cols(counts.to(dev))

@@ -29,6 +29,7 @@ import llguidance.hf
 import numpy as np
 import torch
 
+from ..engine.kv_cache import common_prefix_len
 from ..engine.lru import SequenceLRU
 from ..settings import InvalidInputError
 from .core import GUIDE_TYPES  # TensorRT-LLM's guided_decoding_guide_type values
@@ -131,14 +132,6 @@ class _State:
     accepted: list[int] = field(default_factory=list)
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 class GrammarCache:
     """Per-sequence grammar matchers of one process (target_model's and draft_model's), kept as every cache here is.
 
@@ -202,7 +195,7 @@ class GrammarCache:
         """The sequence's state rolled back to the longest common prefix of its accepted ids and ``output_ids``."""
         state = self._seqs.peek(seq_id)
         if state is not None and state.key == key:
-            keep = _common_prefix(state.accepted, output_ids)
+            keep = common_prefix_len(state.accepted, output_ids)
             back = len(state.accepted) - keep
             if back <= self.max_rollback and (back == 0 or state.matcher.rollback(back)) and \
                     not state.matcher.is_error():

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 
@@ -80,3 +81,17 @@ def step_logprobs(target_probs: torch.Tensor, log_rows: torch.Tensor | None, out
     n = len(output_ids)
     rows = log_rows[:n] if log_rows is not None else torch.log(target_probs[:n].float())
     return token_logprobs(rows, output_ids, top_n)
+
+
+def logprob_arrays(t: TokenLogprobs | None, ids_dtype: type = np.int64,
+                   width: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """n tokens' log-probs as the arrays that carry them on the wire: (log-probs [n] float32, ranks [n], top log-probs
+    [n, N] float32, top ids [n, N]), ranks and ids in ``ids_dtype``; N is ``width``, else the rows' own (0 when there
+    are none). None gives empty arrays."""
+    t = t or TokenLogprobs([], [], [], [])
+    n = len(t.top_ids)  # one row of alternatives per token, empty rows when none were asked for
+    if width is None:
+        width = len(t.top_ids[0]) if t.top_ids else 0
+    return (np.asarray(t.log_probs, np.float32), np.asarray(t.ranks, ids_dtype),
+            np.asarray(t.top_log_probs, np.float32).reshape(n, width),
+            np.asarray(t.top_ids, ids_dtype).reshape(n, width))

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..engine.model_loading import load_tokenizer, resolve_model_path
 from ..generation import Chunk, Generation
+from ..processors import TokenLogprobs, logprob_arrays
 from ..proposers import DraftLMSettings, DraftModelProposer, k_schedule, offered_methods
 from ..protocol import StepInputs, StepResult
 from ..schedule import speculation_disabled
@@ -28,7 +29,7 @@ from .generate_inputs import RequestLimits, check_parameters, parse_request
 from .metrics import Metrics, stats_tuple
 from .rounds import StepRounds
 from .triton_step import TritonStep
-from .wire import GENERATE_INPUTS
+from .wire import GENERATE_INPUTS, PROMPT_LOGPROB_OUTPUTS
 
 logger = logging.getLogger(__name__)
 
@@ -141,19 +142,13 @@ class GenerateBackend:
         if req.wants_logprobs:
             out.append(pb.Tensor("output_log_probs", np.asarray(chunk.log_probs, np.float32)))
         if req.top_logprobs > 0:
-            n, width = len(chunk.token_ids), req.top_logprobs
-            out += [pb.Tensor("output_token_ranks", np.asarray(chunk.ranks, np.int32)),
-                    pb.Tensor("top_log_probs", np.asarray(chunk.top_log_probs, np.float32).reshape(n, width)),
-                    pb.Tensor("top_log_prob_ids", np.asarray(chunk.top_ids, np.int32).reshape(n, width))]
+            asked = TokenLogprobs(chunk.log_probs, chunk.ranks, chunk.top_ids, chunk.top_log_probs)
+            _, ranks, top_lps, top_ids = logprob_arrays(asked, np.int32, req.top_logprobs)
+            out += [pb.Tensor("output_token_ranks", ranks), pb.Tensor("top_log_probs", top_lps),
+                    pb.Tensor("top_log_prob_ids", top_ids)]
         if first and req.prompt_logprobs >= 0:
-            p = gen.prompt_logprobs
-            rows, width = (len(p.ranks) if p else 0), req.prompt_logprobs
-            out += [pb.Tensor("prompt_log_probs", np.asarray(p.log_probs if p else [], np.float32)),
-                    pb.Tensor("prompt_token_ranks", np.asarray(p.ranks if p else [], np.int32)),
-                    pb.Tensor("prompt_top_log_probs",
-                              np.asarray(p.top_log_probs if p else [], np.float32).reshape(rows, width)),
-                    pb.Tensor("prompt_top_log_prob_ids",
-                              np.asarray(p.top_ids if p else [], np.int32).reshape(rows, width))]
+            arrays = logprob_arrays(gen.prompt_logprobs, np.int32, req.prompt_logprobs)
+            out += [pb.Tensor(name, a) for name, a in zip(PROMPT_LOGPROB_OUTPUTS, arrays)]
         if chunk.finished:
             s = gen.stats
             if req.wants_logprobs:

@@ -67,7 +67,7 @@ class LocalEnsemble:
         for row, (o, row_ids, s) in enumerate(zip(outs, draft_ids, scored)):
             o["num_drafted"] = len(strip_padding(row_ids))
             o["hidden_states"] = hidden[row]
-            o["prompt"] = s
+            o["scored"] = s
         return outs
 
     def run_round(self, inps: list[StepInputs]) -> list[StepResult]:
@@ -87,8 +87,8 @@ class LocalEnsemble:
                 res.logprobs = TokenLogprobs(res.log_probs or [], np.asarray(o["output_token_ranks"]).tolist(),
                                              np.asarray(o["top_log_prob_ids"]).tolist(),
                                              np.asarray(o["top_log_probs"]).tolist())
-            p = o["prompt"]
-            if spec is not None and spec.prompt_logprobs >= 0 and len(p["prompt_token_ranks"]):
+            p = o["scored"]
+            if spec is not None and spec.prompt_logprobs_at(len(inp.token_ids)):
                 res.prompt = TokenLogprobs(p["prompt_log_probs"].tolist(), p["prompt_token_ranks"].tolist(),
                                            p["prompt_top_log_prob_ids"].tolist(), p["prompt_top_log_probs"].tolist())
             results.append(res)

@@ -49,7 +49,7 @@ def round_inputs(inps: list[StepInputs], release: bool) -> dict[str, np.ndarray]
         ("acceptance_method", [i.acceptance_method.encode() for i in inps]))}
     out["token_ids"] = stack_rows([np.asarray(i.token_ids, STEP["token_ids"].numpy_dtype) for i in inps])
     if not release and any(i.processors is not None for i in inps):
-        out["logits_processors"] = col("logits_processors", [(i.processors.to_json() if i.processors else "").encode()
+        out["logits_processors"] = col("logits_processors", [(i.processors.wire_text if i.processors else "").encode()
                                                              for i in inps])
     if release or any(i.drafts for i in inps):
         out["num_draft_tokens"] = col("num_draft_tokens", [i.num_draft_tokens for i in inps])

@@ -17,18 +17,17 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import torch
 
 from ..engine.model_loading import load_cached_lm, load_tokenizer, resolve_model_path
 from ..engine.scorer import Scores, TargetScorer
-from ..processors import TokenLogprobs
+from ..processors import TokenLogprobs, logprob_arrays
 from ..processors.grammar import GrammarCache
 from ..settings import InvalidInputError, TargetSettings
 from .batching import BatchedBackend, Work
 from .metrics import Metrics
 from .step_inputs import draft_token_ids, is_release, processor_spec, sampling_params, sequence_id, token_ids
-from .wire import TARGET_MODEL_INPUTS
+from .wire import PROMPT_LOGPROB_OUTPUTS, TARGET_MODEL_INPUTS
 
 
 def grammar_cache(model_path, vocab_size: int, max_sequences: int) -> GrammarCache:
@@ -47,12 +46,7 @@ def grammar_cache(model_path, vocab_size: int, max_sequences: int) -> GrammarCac
 
 def prompt_outputs(prompt: TokenLogprobs | None) -> dict:
     """The prompt's log-probs as the ``prompt_*`` outputs (empty without them)."""
-    p = prompt or TokenLogprobs([], [], [], [])
-    width = len(p.top_ids[0]) if p.top_ids else 0
-    return {"prompt_log_probs": np.asarray(p.log_probs, np.float32),
-            "prompt_token_ranks": np.asarray(p.ranks, np.int64),
-            "prompt_top_log_probs": np.asarray(p.top_log_probs, np.float32).reshape(len(p.ranks), width),
-            "prompt_top_log_prob_ids": np.asarray(p.top_ids, np.int64).reshape(len(p.ranks), width)}
+    return dict(zip(PROMPT_LOGPROB_OUTPUTS, logprob_arrays(prompt)))
 
 
 def _outputs(scores: Scores) -> dict:

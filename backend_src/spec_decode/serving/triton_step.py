@@ -18,22 +18,20 @@ from ..processors import TokenLogprobs
 from ..protocol import StepInputs, StepResult
 from .adapter import strip_padding
 from .step_inputs import needs_hidden_states, round_inputs
-from .wire import SCORE_STEP, SPEC_STEP, STEP_PARTS
+from .wire import PROMPT_LOGPROB_OUTPUTS, SCORE_STEP, SPEC_STEP, STEP_PARTS
 
 logger = logging.getLogger(__name__)
 
 MAX_PENDING_RELEASES = 256  # failed releases kept to send again (TritonStep.release)
 LOGPROB_OUTPUTS = ("output_token_ranks", "top_log_probs", "top_log_prob_ids")
-PROMPT_OUTPUTS = ("prompt_log_probs", "prompt_token_ranks", "prompt_top_log_probs", "prompt_top_log_prob_ids")
 
 
 def _first_with_prompt_logprobs(inp: StepInputs) -> bool:
-    """Whether the step is a sequence's first (nothing generated yet) and its request asks for prompt log-probs."""
-    spec = inp.processors
-    return spec is not None and spec.prompt_logprobs >= 0 and len(inp.token_ids) == spec.prompt_len
+    """Whether the step returns the prompt's log-probs (``ProcessorSpec.prompt_logprobs_at``)."""
+    return inp.processors is not None and inp.processors.prompt_logprobs_at(len(inp.token_ids))
 
 
-def _logprobs(asked: dict, names: tuple[str, str, str], row: int, n: int, top_n: int,
+def _logprobs(asked: dict, names: tuple[str, ...], row: int, n: int, top_n: int,
               log_probs: list[float]) -> TokenLogprobs:
     """Row ``row``'s first ``n`` (ranks, top log-probs, top ids) of a round's outputs ``names``, padding cut."""
     ranks, top_lps, top_ids = (asked[name] for name in names)
@@ -91,7 +89,7 @@ class TritonStep:
         if not release and any(i.processors is not None and i.processors.logprobs for i in inps):
             outputs += ["output_token_ranks", "top_log_probs", "top_log_prob_ids"]
         if not release and any(_first_with_prompt_logprobs(i) for i in inps):
-            outputs += list(PROMPT_OUTPUTS)
+            outputs += list(PROMPT_LOGPROB_OUTPUTS)
         tensors = [self.pb.Tensor(name, value) for name, value in inputs.items()]
         return model, self.pb.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=outputs)
 
@@ -111,7 +109,7 @@ class TritonStep:
         drafted = get(resp, "draft_token_ids")
         drafted = None if drafted is None else drafted.as_numpy().reshape(len(inps), -1)
         hidden = _host_array(get(resp, "hidden_states"))
-        asked = {name: _host_array(get(resp, name)) for name in (*LOGPROB_OUTPUTS, *PROMPT_OUTPUTS)}
+        asked = {name: _host_array(get(resp, name)) for name in (*LOGPROB_OUTPUTS, *PROMPT_LOGPROB_OUTPUTS)}
         out = []
         for row, inp in enumerate(inps):
             n = len(strip_padding(ids[row]))
@@ -124,7 +122,7 @@ class TritonStep:
             prompt_lps = asked["prompt_log_probs"]
             if spec is not None and _first_with_prompt_logprobs(inp) and prompt_lps is not None:
                 n_prompt = len(inp.token_ids) - 1
-                res.prompt = _logprobs(asked, PROMPT_OUTPUTS[1:], row, n_prompt, spec.prompt_logprobs,
+                res.prompt = _logprobs(asked, PROMPT_LOGPROB_OUTPUTS[1:], row, n_prompt, spec.prompt_logprobs,
                                        prompt_lps[row, :n_prompt].tolist())
             out.append(res)
         return out

@@ -20,7 +20,7 @@ import time
 import numpy as np
 import torch
 
-from ..processors import ProcessorSpec, TokenLogprobs, step_logprobs
+from ..processors import ProcessorSpec, TokenLogprobs, logprob_arrays, step_logprobs
 from ..verifier import Verifier, VerifierRow, VerifierSettings
 from .batching import BatchedBackend, Work
 from .metrics import Metrics
@@ -31,17 +31,25 @@ from .wire import VERIFIER_INPUTS
 def _outputs(out: tuple[list[int], list[float], TokenLogprobs | None]) -> dict:
     """A row's (ids, log-probs, asked-for log-probs) as the verifier's outputs."""
     ids, lps, asked = out
-    n = len(ids)
-    if asked is None:
+    if asked is None:  # no ranks, no alternatives
         asked = TokenLogprobs(lps, [], [[] for _ in ids], [[] for _ in ids])
-    width = len(asked.top_ids[0]) if asked.top_ids else 0
-    return {"output_ids": np.asarray(ids, np.int64), "output_log_probs": np.asarray(asked.log_probs, np.float32),
-            "output_token_ranks": np.asarray(asked.ranks, np.int64),
-            "top_log_probs": np.asarray(asked.top_log_probs, np.float32).reshape(n, width),
-            "top_log_prob_ids": np.asarray(asked.top_ids, np.int64).reshape(n, width)}
+    log_probs, ranks, top_lps, top_ids = logprob_arrays(asked)
+    return {"output_ids": np.asarray(ids, np.int64), "output_log_probs": log_probs, "output_token_ranks": ranks,
+            "top_log_probs": top_lps, "top_log_prob_ids": top_ids}
 
 
 _EMPTY = _outputs(([], [], None))
+
+
+def _given_rows(inputs: dict, name: str, n: int) -> torch.Tensor | None:
+    """The first ``n`` rows of a [rows, V] input, or None when the row has none: absent, empty, or all zeros (the
+    padding a batched request gives a row without them, e.g. n-gram's draft_probs, or log-prob rows not asked for;
+    real probability and log-probability rows are never all zero)."""
+    x = inputs.get(name)
+    if x is None or np.prod(tuple(x.shape)) == 0:
+        return None
+    x = torch.as_tensor(x)[:n]
+    return x if bool(x.any()) else None
 
 
 class VerifierBackend(BatchedBackend):
@@ -64,15 +72,6 @@ class VerifierBackend(BatchedBackend):
         self.verifier = Verifier(self.settings)
 
     @staticmethod
-    def _log_rows(inputs: dict, k: int) -> torch.Tensor | None:
-        """The row's raw log-prob rows [k+1, V], or None (absent, or the zero padding of a row without them)."""
-        lp = inputs.get("log_probs")
-        if lp is None or np.prod(tuple(lp.shape)) == 0:
-            return None
-        lp = torch.as_tensor(lp)[: k + 1]
-        return lp if bool(lp.any()) else None
-
-    @staticmethod
     def _row(inputs: dict) -> VerifierRow:
         """One sequence's row of :meth:`Verifier.verify_batch`, without the round's padding."""
         tp = torch.as_tensor(inputs["target_probs"])
@@ -80,13 +79,7 @@ class VerifierBackend(BatchedBackend):
         # (and without drafts outside the vocabulary, which target_model cut too).
         drafts = torch.as_tensor(draft_token_ids(inputs, tp.shape[-1] if tp.dim() == 2 else 0), dtype=torch.int64)
         k = len(drafts)
-        dp = inputs.get("draft_probs")
-        if dp is not None and np.prod(tuple(dp.shape)) > 0:
-            dp = torch.as_tensor(dp)[:k]
-            if not bool(dp.any()):  # padding of a row without draft probabilities (n-gram, suffix) in a batch
-                dp = None
-        else:
-            dp = None
+        dp = _given_rows(inputs, "draft_probs", k)
         params = sampling_params(inputs)
         return VerifierRow(tp[: k + 1], drafts.to(tp.device), dp, params.seed, int(scalar(inputs, "step", 0)),
                            params.is_greedy, acceptance_method(inputs))
@@ -102,7 +95,7 @@ class VerifierBackend(BatchedBackend):
             return dict(_EMPTY)
         # Rows have no per-sequence state: any distinct key puts them all in one call.
         row, spec = self._row(inputs), processor_spec(inputs)
-        log_rows = self._log_rows(inputs, row.k) if spec is not None and spec.logprobs else None
+        log_rows = _given_rows(inputs, "log_probs", row.k + 1) if spec is not None and spec.logprobs else None
         return Work(id(inputs), (row, spec, log_rows), _outputs)
 
     def _run_group(self, group, items: list[tuple[VerifierRow, ProcessorSpec | None, torch.Tensor | None]]) -> list:

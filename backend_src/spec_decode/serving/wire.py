@@ -177,6 +177,8 @@ _VERIFIER_IN = ("target_probs draft_token_ids draft_probs temperature random_see
                 "logits_processors log_probs")
 _PROMPT_OUT = "prompt_log_probs prompt_token_ranks prompt_top_log_probs prompt_top_log_prob_ids"
 _LOGPROBS_OUT = "output_token_ranks top_log_probs top_log_prob_ids " + _PROMPT_OUT
+# the prompt's log-probs in the order of logprob_arrays (spec_decode.processors): log-probs, ranks, top log-probs, ids
+PROMPT_LOGPROB_OUTPUTS = tuple(_PROMPT_OUT.split())
 
 MODELS: dict[str, ModelWire] = {
     "generate": ModelWire(

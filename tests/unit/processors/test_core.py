@@ -92,7 +92,7 @@ def test_no_processor_leaves_the_logits_untouched():
 
 def test_the_spec_travels_as_json_and_is_checked():
     spec = SPECS[-1]
-    assert parse_spec(spec.to_json()) == spec and parse_spec("") is None
+    assert parse_spec(spec.wire_text) == spec and parse_spec("") is None
     with pytest.raises(InvalidInputError, match="logits_processors"):
         ProcessorSpec.from_json('{"prompt_len": 1, "bogus": 2}')
     with pytest.raises(InvalidInputError, match="logits_processors"):

@@ -63,13 +63,7 @@ class CopyProposer(Proposer):
         return [Proposal.of(list(self.run[: r.k])) for r in requests]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Thousands of tiny forwards: one thread each (two threads spin against each other on a busy 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")

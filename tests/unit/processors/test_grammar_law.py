@@ -41,12 +41,7 @@ class SupportProposer(Proposer):
         return out
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")
