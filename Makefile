@@ -12,7 +12,9 @@
 #               HumanEval workload (two passes) through a fresh server per method with the speed goals, the forward
 #               cost against new positions (target and draft LM, with the roofline), the draft's cost, suffix decoding's
 #               cache at 10,000 cached responses, the verifier (torch here; Triton kernels where CUDA is available), then
-#               the logits processors' cost per step (every one on against off) and the grammar mask
+#               the logits processors' cost per step (every one on against off) and the grammar mask, and last the
+#               scheduling through three servers (streams' stalls and a long prompt's TTFT with chunked prefill on
+#               and off; TTFT of a repeated 1,000-token prefix with prefix caching on and off)
 #               (each python -m bench.<name> from the repository root, and client.bench; docs/benchmarks.md)
 # make gpu-check - on a GPU machine (no network, nothing installed: python3 with torch, triton, transformers, numpy):
 #               the verifier's kernels against the torch path, their bandwidth, and speculative decoding on CUDA with a
@@ -66,6 +68,7 @@ bench: $(STAMP)
 	$(PY) -m bench.suffix_cache --output results/suffix_cache.json
 	$(PY) -m bench.verifier --output results/verifier.json
 	$(PY) -m bench.processors --output results/processors.json
+	$(PY) -m bench.scheduling --output results/scheduling.json
 
 bench-serving: $(STAMP)
 	bash scripts/setup_bench.sh

@@ -93,7 +93,8 @@ def measure(backend: str, responses: int, length: int, bound: int, queries: int,
     rows = [data.row(length) for _ in range(responses)]
     gc.collect()
     rss0 = rss_mb()
-    p = SuffixProposer(SuffixSettings(max_tree_depth=64, max_cached_requests=bound, backend=backend))
+    p = SuffixProposer(SuffixSettings(max_tree_depth=64, max_cached_requests=bound, max_cached_tokens=0,
+                                      backend=backend))
     t0 = time.perf_counter()
     for i, resp in enumerate(rows):
         prompt = prompts[i % len(prompts)]

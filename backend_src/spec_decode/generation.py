@@ -117,6 +117,7 @@ class Generation:
         self.hidden_states: np.ndarray | None = None  # [m, H] float32 before the last committed token (StepInputs)
         self.schedule = schedule or ConstantK()
         self.k = request.num_draft_tokens  # k of the next step (the schedule moves it)
+        self.cached_len = 0  # leading token ids the target's cache is expected to hold (StepInputs.cached_len)
 
     def _processors(self, tokenizer) -> ProcessorSpec | None:
         """The request's :class:`~spec_decode.processors.ProcessorSpec`, or None when it asks for no processor and no
@@ -150,7 +151,7 @@ class Generation:
         room = self.max_model_len - len(self.token_ids)
         k = 0 if req.speculative_method == NO_SPECULATION else max(0, min(self.k, room - 1))
         return StepInputs(self.seq_id, list(self.token_ids), k, req.speculative_method, self.params, self.stats.steps,
-                          req.acceptance_method, self.hidden_states, self.processors)
+                          req.acceptance_method, self.hidden_states, self.processors, self.cached_len)
 
     def _held_back(self) -> int:
         """Characters at the end of ``text`` that could begin a stop word (not sent until resolved)."""
@@ -166,16 +167,21 @@ class Generation:
         """Apply one step's tokens with the stop conditions; return what to stream.
 
         Args:
-            result: the step's output ids (1..k+1), drafts proposed, log-probs and hidden states.
+            result: the step's output ids (1..k+1), drafts proposed, log-probs and hidden states; or a prompt chunk's
+                result (``prefilled`` set: :mod:`spec_decode.chunked_prefill`), which only moves ``cached_len``.
 
         Returns:
-            the new text and ids that passed the stop conditions (possibly none), finished on the last chunk.
+            the new text and ids that passed the stop conditions (possibly none), finished on the last chunk; empty
+            for a prompt chunk.
 
         Raises:
             RuntimeError: the step returned no token, or the generation already finished.
         """
         if self.finished:
             raise RuntimeError("generation already finished")
+        if result.prefilled is not None:  # a chunk of the prompt (chunked prefill): no token, not a step
+            self.cached_len = result.prefilled
+            return Chunk("", [])
         if not result.output_ids:
             raise RuntimeError("speculative step returned no token")
         req = self.request
@@ -211,6 +217,7 @@ class Generation:
             if len(new_ids) + self.stats.emitted_tokens >= req.max_tokens or len(self.token_ids) >= self.max_model_len:
                 self.finish_reason = "length"
                 break
+        self.cached_len = len(self.token_ids) - 1  # the step computed every position before its last token
         self.stats.emitted_tokens += len(new_ids)
         self.stats.accepted_tokens += min(accepted_in_step, len(new_ids))
         self.cum_log_prob += sum(new_lps)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from .chunked_prefill import plan_round, round_results
 from .engine.scorer import TargetScorer
 from .generation import Chunk, Generation
 from .processors import step_logprobs
@@ -45,7 +46,7 @@ def run_step(inp: StepInputs, proposers: dict[str, Proposer], scorer: TargetScor
     drafts = proposal.draft_token_ids
     (scores,) = scorer.score_batch([(inp.seq_id, inp.token_ids, drafts.tolist(), inp.params, inp.processors)])
     ids, lps = verifier.verify(scores.probs, drafts, proposal.draft_probs, inp.params.seed, inp.step,
-                               inp.params.is_greedy, inp.acceptance_method)
+                               inp.params.is_greedy, inp.acceptance_method, len(inp.token_ids), inp.params.seeded)
     spec = inp.processors
     asked = step_logprobs(scores.probs, scores.log_probs, ids, spec.top_logprobs) if spec and spec.logprobs else None
     return StepResult(ids, int(drafts.numel()), asked.log_probs if asked else lps,
@@ -77,15 +78,26 @@ class LocalStep:
         self.scorer.release(seq_id)
 
 
-def run_local(gen: Generation, step: LocalStep) -> list[Chunk]:
+def run_local(gen: Generation, step: LocalStep, max_num_batched_tokens: int = 0) -> list[Chunk]:
     """Drive ``gen`` to completion with a synchronous step callable; returns every chunk.
+
+    Args:
+        gen: the generation.
+        step: runs one step (:class:`LocalStep`).
+        max_num_batched_tokens: each step's budget of new target positions; a prompt longer than it is prefilled in
+            chunks first (:func:`~spec_decode.chunked_prefill.plan_round`, as generate's rounds do; 0: in one piece).
 
     The step's caches are released at the end, with the sequence's final ids, even when a step raises.
     """
     chunks = []
     try:
         while not gen.finished:
-            chunks.append(gen.commit(step(gen.next_step())))
+            inp = gen.next_step()
+            (planned,) = plan_round([inp], max_num_batched_tokens)
+            assert planned is not None  # the only step of a round always gets a chunk
+            (result,) = round_results([inp], [planned], [step(planned)])
+            assert not isinstance(result, BaseException)  # round_results passes exceptions on; step raised none
+            chunks.append(gen.commit(result))
     finally:
         step.release(gen.seq_id, gen.token_ids)
     return chunks

@@ -36,6 +36,9 @@ class StepInputs:
             token (``token_ids[-1-m:-1]``: what the previous step accepted), for a hidden-state speculator; None when
             there are none (the first step, or after a step that scored nothing).
         processors: the request's logits processors and log-prob requests (the same at every step), or None.
+        cached_len: how many leading ``token_ids`` the target's cache of this sequence is expected to hold (0 for a
+            new sequence; the end of the last prompt chunk while its prompt is prefilled in chunks; all but the last
+            committed token after a step): what chunked prefill budgets by (:mod:`spec_decode.chunked_prefill`).
     """
 
     seq_id: int
@@ -47,6 +50,7 @@ class StepInputs:
     acceptance_method: str = ""
     hidden_states: np.ndarray | None = None
     processors: ProcessorSpec | None = None
+    cached_len: int = 0
 
     @property
     def drafts(self) -> bool:
@@ -67,6 +71,8 @@ class StepResult:
         logprobs: the output ids' log-probs, ranks and top-N alternatives when the step's processors ask for them
             (``log_probs`` then holds the same log-probs), else None.
         prompt: the prompt tokens' log-probs (1..P-1) on a first step that asks for them, else None.
+        prefilled: for a chunk of a prompt (:mod:`spec_decode.chunked_prefill`), the tokens the sequence's cache now
+            holds; then ``output_ids`` is empty and the step is not committed. None for a step.
     """
 
     output_ids: list[int]
@@ -75,3 +81,4 @@ class StepResult:
     hidden_states: np.ndarray | None = None
     logprobs: TokenLogprobs | None = None
     prompt: TokenLogprobs | None = None
+    prefilled: int | None = None

@@ -65,6 +65,7 @@ class NoisePurpose(IntEnum):
     DRAFT_LM = 3  # the draft LM's sampled drafts
     # 4 is retired: left unused, since renumbering a purpose would change its seeded outputs
     EAGLE = 5  # the EAGLE head's sampled drafts
+    COUPLED = 6  # the coupled race of a seeded request: its token at an absolute position (verifier and drafts)
 
 
 def mix_seed(*parts: int) -> int:
@@ -84,6 +85,40 @@ def generator_for(*parts: int) -> torch.Generator:
     g = torch.Generator(device="cpu")
     g.manual_seed(mix_seed(*parts))
     return g
+
+
+def coupled_seed(seed: int, position: int) -> int:
+    """The seed of a seeded request's coupled race at absolute token position ``position`` (the index the token will
+    have in the sequence's token ids): ``mix_seed(seed, NoisePurpose.COUPLED, position)``, a pure function of the two
+    (no step counter, no k, no drafts), 63 bits. The verifier samples the target's token there with it
+    (:func:`spec_decode.verifier.rejection.coupled_sample`) and the model proposers draw their draft for that position
+    with the same noise (:func:`coupled_exponentials`); Daliri et al. 2024, "Drafter-invariant speculative decoding".
+    """
+    return mix_seed(seed, NoisePurpose.COUPLED, position)
+
+
+def coupled_exponentials(seed: int, position: int, size: int) -> torch.Tensor:
+    """The exponential noise E [size] float32 (CPU, each >= 1e-30) of a seeded request's coupled race at ``position``.
+
+    Exactly the noise the verifier's torch path races the target's distribution with at that position: a row of
+    :func:`spec_decode.verifier.rejection.rejection_sample` with k = 0 and seed :func:`coupled_seed` (its race draws
+    ``exponential_`` from ``generator_for(row seed, NoisePurpose.VERIFIER_RACE)``). A proposer that races its own
+    distribution with the noise of the target's vocabulary (``size`` = the target's V, gathered at the proposer's
+    columns) drafts the target's token whenever both races agree. The Triton kernels draw their own (Philox) noise, so
+    there the drafts are exact samples of q but not coupled to the target's token.
+    """
+    e = torch.empty(size, dtype=torch.float32)
+    return e.exponential_(1.0, generator=generator_for(coupled_seed(seed, position), NoisePurpose.VERIFIER_RACE)
+                          ).clamp_min_(1e-30)
+
+
+def race(probs: torch.Tensor, exponential: torch.Tensor) -> int:
+    """The exponential race argmax(probs / E) over [N] (a draw from normalize(probs) when E ~ Exp(1) i.i.d.; gpt-fast,
+    vLLM). Entries with probs == 0 rank below every other entry (score -1), so a zero-probability token never wins;
+    ties go to the lowest index. ``probs`` any float dtype and device; ``exponential`` [N] float32 on the CPU."""
+    p = probs.float().cpu()
+    score = torch.where(p > 0, p / exponential, torch.full_like(p, -1.0))
+    return int(torch.argmax(score).item())
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

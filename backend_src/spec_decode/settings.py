@@ -184,19 +184,30 @@ class LMSettings(ConfigSettings):
         device: ``auto`` (an instance of kind KIND_GPU: its GPU; otherwise cuda when available), ``cpu``, ``cuda``,
             ``cuda:N``.
         dtype: ``auto`` (float32 on CPU, bfloat16 on CUDA), ``float32``, ``float16``, ``bfloat16``.
-        max_sequences: KV caches kept (LRU), >= 1.
+        max_sequences: KV caches of running sequences kept (LRU), >= 1; as many released ones are kept for prefix
+            reuse.
+        kv_cache_max_tokens: the most positions all KV caches together allocate (running and released), >= 0; 0 =
+            no bound. Memory: this x 2 x layers x KV heads x head dim x the dtype's bytes (46 KiB per token for the
+            embedded SmolLM2-135M in float32, so the default holds ~2.9 GiB at most).
+        enable_prefix_caching: reuse the KV of full 16-token blocks across sequences with the same leading tokens
+            (vLLM's automatic prefix caching; :mod:`spec_decode.engine.kv_cache`).
     """
 
     device: str = "auto"
     dtype: str = "auto"
     max_sequences: int = 64
+    kv_cache_max_tokens: int = 65536
+    enable_prefix_caching: bool = True
 
     DTYPES: ClassVar[tuple[str, ...]] = ("auto", "float32", "float16", "bfloat16")
 
     def check(self) -> None:
-        """dtype one of :attr:`DTYPES`, max_sequences >= 1, device one of auto, cpu, cuda, cuda:N (kept lower-cased)."""
+        """dtype one of :attr:`DTYPES`, max_sequences >= 1, kv_cache_max_tokens 0 or >= 1024, device one of auto, cpu,
+        cuda, cuda:N (kept lower-cased)."""
         self._choice("dtype", self.DTYPES)
         in_range("max_sequences", self.max_sequences, 1)
+        if self.kv_cache_max_tokens != 0:
+            in_range("kv_cache_max_tokens", self.kv_cache_max_tokens, 1024, None, " (0 = no bound)")
         d = self.device.strip().lower()
         if not (d in ("auto", "cpu", "cuda") or (d.startswith("cuda:") and d[5:].isdigit())):
             raise InvalidInputError("device", f"{self.device!r} is not one of {DEVICE_HELP}")
@@ -262,6 +273,9 @@ class GenerateSettings(ConfigSettings):
         disable_by_batch_size: while at least this many requests run, steps run without speculation (0 = never).
         step_round_max_wait_ms: a round of steps starts when every running sequence has submitted its step, or this
             many milliseconds after the first did (> 0).
+        max_num_batched_tokens: each round's budget of new target positions, shared by the running sequences' steps
+            (k + 1 each) and chunks of new prompts (:mod:`spec_decode.chunked_prefill`; vLLM's name); 0 = no budget
+            (a prompt is prefilled in one piece inside its first round), else >= 32.
     """
 
     tokenizer_path: str = "default"
@@ -273,15 +287,19 @@ class GenerateSettings(ConfigSettings):
     num_draft_tokens_schedule: str = "constant"
     disable_by_batch_size: int = 0
     step_round_max_wait_ms: float = 20.0
+    max_num_batched_tokens: int = 256
 
     def check(self) -> None:
         """max_num_draft_tokens >= 1, num_draft_tokens in [0, max_num_draft_tokens], max_model_len >= 2, the two
-        choices among their values, disable_by_batch_size >= 0, step_round_max_wait_ms > 0."""
+        choices among their values, disable_by_batch_size >= 0, step_round_max_wait_ms > 0, max_num_batched_tokens 0 or
+        >= 32."""
         in_range("max_num_draft_tokens", self.max_num_draft_tokens, 1)
         in_range("num_draft_tokens", self.num_draft_tokens, 0, self.max_num_draft_tokens)
         in_range("max_model_len", self.max_model_len, 2)
         self._choice("draft_model_available", ("auto", "true", "false"))
         self._choice("num_draft_tokens_schedule", K_SCHEDULES)
         in_range("disable_by_batch_size", self.disable_by_batch_size, 0)
+        if self.max_num_batched_tokens != 0:
+            in_range("max_num_batched_tokens", self.max_num_batched_tokens, 32, None, " (0 = no budget)")
         if not self.step_round_max_wait_ms > 0:
             raise InvalidInputError("step_round_max_wait_ms", f"must be > 0, got {self.step_round_max_wait_ms}")

@@ -183,8 +183,13 @@ def test_cancelled_stream_leaves_server_serving(server):
     assert len(ok.output_ids) == 3
 
 
-def test_disable_by_batch_size_turns_speculation_off(tmp_path, greedy_references):
-    """A server with disable_by_batch_size=1: every running request reaches the threshold, so no step drafts."""
+def test_disable_by_batch_size_turns_speculation_off(tmp_path, greedy_references, server):
+    """A server with disable_by_batch_size=1: every running request reaches the threshold, so no step drafts; and a
+    seeded sampled request gives there the tokens it gives on the default server (fixture ``server``) with every
+    method at k = 1 and 4, alone and beside three other streams: the coupled race (docs/verifier.md) makes a seeded
+    request's output independent of the drafts, k and the load."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from spec_decode.launcher import TritonServer, prepare_repository
 
     repo = prepare_repository({"generate": {"disable_by_batch_size": "1"}})
@@ -194,6 +199,20 @@ def test_disable_by_batch_size_turns_speculation_off(tmp_path, greedy_references
         r = stream_generate(srv.grpc_url, prompt, 16, speculative_method="ngram", num_draft_tokens=4)
         assert r.output_ids == ref[:16]
         assert r.stats["num_draft_tokens_total"] == 0 and r.stats["num_steps"] == 16
+        seeded = dict(temperature=0.8, random_seed=24)
+        alone = stream_generate(srv.grpc_url, prompt, 32, speculative_method="suffix", **seeded)
+        assert alone.stats["num_draft_tokens_total"] == 0 and len(alone.output_ids) >= 8
+    for method in METHODS:
+        for k in (1, 4):
+            r = stream_generate(server.grpc_url, prompt, 32, speculative_method=method, num_draft_tokens=k, **seeded)
+            assert r.output_ids == alone.output_ids, (method, k)
+    with ThreadPoolExecutor(4) as pool:  # under load: three other streams in the same rounds
+        others = [pool.submit(stream_generate, server.grpc_url, p, 48, speculative_method="ngram", ignore_eos=True)
+                  for p, _ in greedy_references[1:4]]
+        loaded = stream_generate(server.grpc_url, prompt, 32, speculative_method="hybrid", num_draft_tokens=4, **seeded)
+        for f in others:
+            f.result(timeout=600)
+    assert loaded.output_ids == alone.output_ids
 
 
 def test_launcher_sigterm_stops_tritonserver(tmp_path):

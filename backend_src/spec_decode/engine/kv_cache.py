@@ -1,20 +1,29 @@
-"""A causal LM with per-sequence KV caches that reuse the longest cached prefix.
+"""A causal LM with per-sequence KV caches that reuse the longest cached prefix, within a sequence and across them.
 
 Used by the target scorer and the draft LM proposer. Each call names a sequence and the full token list whose last
 ``n_logits`` positions' logits it needs. The cache of that sequence is cropped to the longest common prefix of what it
 holds and the new tokens (rollback after a rejection is just this crop) and only the rest is computed. A cache miss
-costs time, never correctness. Entries are bounded by count (LRU) and freed by :meth:`CachedCausalLM.release`.
+costs time, never correctness.
+
+Prefix caching across requests (vLLM's automatic prefix caching, keyed the same way): every cache's full blocks of
+``block_size`` tokens are indexed by a hash chain over the token ids (block i's key hashes block i-1's key and block
+i's ids), so a sequence whose tokens start with the same blocks as any other cache, running or released, copies those
+blocks' keys and values instead of computing them. Released caches stay for that reuse, least recently used first out.
+Caches are bounded by count (``max_sequences`` running sequences, LRU) and all of them together by the positions they
+allocate (``max_tokens``): released caches leave first, then the least recently used running ones.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from ..settings import InvalidInputError
+from .blocks import block_hashes
 from .lru import SequenceLRU
 
 
@@ -37,9 +46,25 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 @dataclass
+class PrefixCacheStats:
+    """Prefix caching's counters since start (exported as ``spec_decode_*_prefix_cache_*`` counters).
+
+    Attributes:
+        queries: computations of at least one full block that looked for a cached prefix.
+        hits: those that found one (and copied at least one block).
+        reused_tokens: tokens whose keys and values were copied instead of computed.
+    """
+
+    queries: int = 0
+    hits: int = 0
+    reused_tokens: int = 0
+
+
+@dataclass
 class _Entry:
     ids: list[int] = field(default_factory=list)  # tokens whose keys/values are at positions 0.. of ``slots``
     slots: _SlotCache = field(default_factory=lambda: _SlotCache())
+    hashes: list[int] = field(default_factory=list)  # block_hashes(ids): the keys under which it is indexed
 
 
 class CachedCausalLM:
@@ -50,25 +75,46 @@ class CachedCausalLM:
     unlike a transformers ``DynamicCache``, which concatenates its whole cache every step (docs/benchmarks.md has the
     measurement). Full-attention models only (the Llama, Mistral and Qwen2 families without sliding-window layers).
 
+    Prefix caching (the module docstring): a computation of at least one full block first copies the longest run of
+    leading full blocks that another cache (running or released) holds for the same token ids, checked id by id (a
+    hash collision can cost a lookup, never a wrong key). Released caches are kept for this, at most
+    ``max_sequences`` of them, least recently used (or reused) out first.
+
     Args:
         model: a transformers ``*ForCausalLM`` in eval mode.
-        max_sequences: most sequences cached at once; the least recently used is evicted beyond it (>= 1).
+        max_sequences: most sequences cached at once; the least recently used is evicted beyond it (>= 1); as many
+            released caches are kept for prefix reuse.
         max_batched_new_tokens: in :meth:`logits_batch`, sequences with more new tokens than this run alone.
         max_padded_positions: in :meth:`logits_batch`, sequences are split into separate forwards where left-padding
             their caches to a common length would leave more padded (row x position) slots than this.
+        max_tokens: the most positions all caches together may allocate (0: no bound), kept after every forward:
+            released caches are evicted first, then the least recently used running sequences; the sequences of the
+            forward itself are never evicted by it, so one round may exceed it by its own sequences' growth. The
+            memory it implies is ``max_tokens x`` :meth:`kv_bytes_per_token`.
+        prefix_caching: reuse full blocks across sequences (above).
+        block_size: tokens per block of prefix caching (>= 1; vLLM's default 16).
 
     Thread safety: calls are serialised by a lock (one forward at a time per model instance).
 
     Raises:
-        ValueError: ``max_sequences`` < 1.
+        ValueError: ``max_sequences`` or ``block_size`` < 1, or ``max_tokens`` < 0.
         NotImplementedError: a model with sliding-window or other non-full-attention layers.
     """
 
     def __init__(self, model, max_sequences: int = 64, max_batched_new_tokens: int = 16,
-                 max_padded_positions: int = 2048):
+                 max_padded_positions: int = 2048, max_tokens: int = 0, prefix_caching: bool = True,
+                 block_size: int = 16):
         if max_sequences < 1:
             raise ValueError(f"max_sequences must be >= 1, got {max_sequences}")
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0 (0 = no bound), got {max_tokens}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.model = model
+        self.max_tokens = max_tokens
+        self.prefix_caching = prefix_caching
+        self.block_size = block_size
+        self.prefix_stats = PrefixCacheStats()
         self.max_batched_new_tokens = max_batched_new_tokens
         self.max_padded_positions = max_padded_positions
         first = next(model.parameters())
@@ -83,17 +129,110 @@ class CachedCausalLM:
         # (what a hidden-state speculator reads) for the positions it keeps, as ``*ForCausalLM.forward`` itself does.
         self._decoder, self._head = model.get_decoder(), model.get_output_embeddings()
         self._cache_kw = cache_keyword(self._decoder)
-        self._entries: SequenceLRU[_Entry] = SequenceLRU(max_sequences)
+        self._entries: SequenceLRU[_Entry] = SequenceLRU(max_sequences, on_evict=self._retire)
+        self._retired: OrderedDict[int, _Entry] = OrderedDict()  # released caches kept for prefix reuse, LRU first
+        self._retired_keys: dict[int, int] = {}  # id(entry) -> its key in _retired
+        self._next_retired = 0
+        self._index: dict[int, _Entry] = {}  # block key (block_hashes) -> a cache that holds that block
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        """Sequences cached."""
+        """Sequences cached (running; released caches kept for prefix reuse are not counted)."""
         return len(self._entries)
 
     def cached_tokens(self) -> int:
-        """Tokens held in all the sequences' caches (their keys and values take memory in proportion)."""
+        """Tokens held in the running sequences' caches."""
         with self._lock:
             return sum(len(e.ids) for e in self._entries.values())
+
+    def allocated_tokens(self) -> int:
+        """Positions allocated by all caches, running and released (what ``max_tokens`` bounds; memory is this x
+        :meth:`kv_bytes_per_token`)."""
+        with self._lock:
+            return self._allocated()
+
+    def retired_sequences(self) -> int:
+        """Released caches kept for prefix reuse."""
+        return len(self._retired)
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of keys and values one cached position takes: 2 x layers x KV heads x head dim x the dtype's size
+        (from the model's config; the buffers are allocated with exactly these shapes)."""
+        c = self.model.config
+        heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        return 2 * c.num_hidden_layers * heads * head_dim * torch.empty((), dtype=self.dtype).element_size()
+
+    def _allocated(self) -> int:
+        return (sum(e.slots.capacity for e in self._entries.values())
+                + sum(e.slots.capacity for e in self._retired.values()))
+
+    def _unindex(self, e: _Entry, start: int = 0) -> None:
+        """Drop ``e``'s blocks from ``start`` on from the prefix index (its ids there are about to change)."""
+        for h in e.hashes[start:]:
+            if self._index.get(h) is e:
+                del self._index[h]
+        del e.hashes[start:]
+
+    def _retire(self, seq_id: int, e: _Entry) -> None:
+        """A running sequence's cache leaves (released, or evicted by ``max_sequences``): kept for prefix reuse when
+        it holds a full block, the least recently used released cache out beyond ``max_sequences`` of them."""
+        if not self.prefix_caching or not e.hashes:
+            self._unindex(e)
+            return
+        key, self._next_retired = self._next_retired, self._next_retired + 1
+        self._retired[key] = e
+        self._retired_keys[id(e)] = key
+        while len(self._retired) > self._entries.capacity:
+            self._drop_retired()
+
+    def _drop_retired(self) -> None:
+        _, old = self._retired.popitem(last=False)
+        self._retired_keys.pop(id(old), None)
+        self._unindex(old)
+
+    def _enforce_budget(self, protect: Collection[int]) -> None:
+        """Evict until all caches allocate at most ``max_tokens`` positions: released caches first (least recently
+        used first), then running sequences other than ``protect`` (seq_ids), least recently used first."""
+        if not self.max_tokens:
+            return
+        total = self._allocated()
+        while total > self.max_tokens and self._retired:
+            total -= next(iter(self._retired.values())).slots.capacity
+            self._drop_retired()
+        for seq_id in list(self._entries):
+            if total <= self.max_tokens:
+                break
+            if seq_id in protect:
+                continue
+            e = self._entries.pop(seq_id)
+            assert e is not None  # listed just above
+            total -= e.slots.capacity
+            self._unindex(e)
+
+    def _reuse_prefix(self, e: _Entry, token_ids: list[int], keep: int, limit: int) -> int:
+        """Copy into ``e`` (which holds ``token_ids[:keep]``) the longest run of leading full blocks of
+        ``token_ids[:limit]`` that another cache holds; returns the positions ``e`` now holds."""
+        b = self.block_size
+        self.prefix_stats.queries += 1
+        keys = block_hashes(token_ids[:limit], b)
+        for i in range(len(keys) - 1, -1, -1):
+            end = (i + 1) * b
+            if end <= keep:
+                break
+            src = self._index.get(keys[i])
+            if (src is None or src is e or len(src.hashes) <= i or src.hashes[i] != keys[i]
+                    or src.ids[:end] != token_ids[:end]):
+                continue
+            e.slots.copy_from(src.slots, keep, end)
+            self.prefix_stats.hits += 1
+            self.prefix_stats.reused_tokens += end - keep
+            key = self._retired_keys.get(id(src))
+            if key is not None:  # a released cache just reused: it leaves last
+                self._retired.move_to_end(key)
+            e.ids = list(token_ids[:end])
+            return end
+        return keep
 
     def cached_ids(self, seq_id: int) -> list[int] | None:
         """Tokens currently held in the cache of ``seq_id`` (None when absent)."""
@@ -101,9 +240,13 @@ class CachedCausalLM:
         return None if e is None else list(e.ids)
 
     def release(self, seq_id: int) -> bool:
-        """Free the cache of ``seq_id``; returns whether there was one."""
+        """End the cache of ``seq_id``: with prefix caching it is kept for reuse by later sequences (bounded by
+        ``max_sequences`` released caches and ``max_tokens``), else freed. Returns whether there was one."""
         with self._lock:
-            return self._entries.pop(seq_id) is not None
+            e = self._entries.pop(seq_id)
+            if e is not None:
+                self._retire(seq_id, e)
+            return e is not None
 
     @torch.inference_mode()
     def logits(self, seq_id: int, token_ids: list[int], n_logits: int) -> torch.Tensor:
@@ -209,10 +352,15 @@ class CachedCausalLM:
     def _prepare(self, seq_id: int, token_ids: list[int], n_logits: int) -> tuple[_Entry, int]:
         """The sequence's entry cropped to the reusable prefix, and that prefix's length."""
         e = self._entries.get(seq_id, _Entry)
-        keep = min(common_prefix_len(e.ids, token_ids), len(token_ids) - n_logits)
+        limit = len(token_ids) - n_logits
+        keep = min(common_prefix_len(e.ids, token_ids), limit)
         # Positions from ``keep`` on are overwritten by the forward (a rollback costs nothing); if it raises, the
         # entry is dropped.
+        if len(e.hashes) > keep // self.block_size:
+            self._unindex(e, keep // self.block_size)
         e.ids = list(token_ids[:keep])
+        if self.prefix_caching and limit - keep >= self.block_size:
+            keep = self._reuse_prefix(e, token_ids, keep, limit)
         return e, keep
 
     def _forward_one(self, seq_id: int, e: _Entry, token_ids: list[int], keep: int,
@@ -260,12 +408,20 @@ class CachedCausalLM:
             logits = self._head(hidden)
         except Exception:
             for _, seq_id, *_ in batch:
-                self._entries.pop(seq_id)
+                dropped = self._entries.pop(seq_id)
+                if dropped is not None:
+                    self._unindex(dropped)
             raise
         results = []
         for row, (_, _, e, token_ids, _, n_logits) in enumerate(batch):
             e.ids = list(token_ids)
+            if self.prefix_caching:
+                start = len(e.hashes)
+                block_hashes(e.ids, self.block_size, start, e.hashes)
+                for h in e.hashes[start:]:
+                    self._index[h] = e
             results.append((logits[row, n_keep - n_logits :], hidden[row, n_keep - n_logits :]))
+        self._enforce_budget({seq_id for _, seq_id, *_ in batch})
         return results
 
 
@@ -282,6 +438,17 @@ class _SlotCache:
     def __init__(self) -> None:
         self.keys: list[torch.Tensor | None] = []
         self.values: list[torch.Tensor | None] = []
+
+    @property
+    def capacity(self) -> int:
+        """Positions allocated (per layer; 0 before the first write)."""
+        return 0 if not self.keys or self.keys[0] is None else int(self.keys[0].shape[1])
+
+    def copy_from(self, src: _SlotCache, start: int, end: int) -> None:
+        """Copy positions ``start .. end - 1`` of every layer from ``src`` (prefix caching: the same token ids)."""
+        for layer, (k, v) in enumerate(zip(src.keys, src.values)):
+            assert k is not None and v is not None  # src holds at least ``end`` positions of every layer
+            self.write(layer, start, k[:, start:end], v[:, start:end])
 
     def write(self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Store ``keys``/``values`` ([heads, n, head_dim]) at positions ``start .. start + n - 1`` of ``layer``."""

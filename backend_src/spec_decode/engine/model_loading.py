@@ -170,7 +170,12 @@ def load_cached_lm(path: Path, settings: LMSettings) -> CachedCausalLM:
         torch.cuda.set_device(device)
     dtype = resolve_dtype(settings.dtype, device)
     logger.info("loading %s on %s (%s)", path, device, dtype)
-    return CachedCausalLM(load_causal_lm(path, device, dtype), settings.max_sequences)
+    lm = CachedCausalLM(load_causal_lm(path, device, dtype), settings.max_sequences,
+                        max_tokens=settings.kv_cache_max_tokens, prefix_caching=settings.enable_prefix_caching)
+    if lm.max_tokens:
+        logger.info("%s: KV caches bounded to %d tokens (%.2f GiB at %d bytes per token)", path.name, lm.max_tokens,
+                    lm.max_tokens * lm.kv_bytes_per_token() / 2**30, lm.kv_bytes_per_token())
+    return lm
 
 
 def load_tokenizer(path: Path):

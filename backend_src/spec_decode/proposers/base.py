@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from ..processors import ProcessorSpec, process_logits
-from ..sampling import NoisePurpose, SamplingParams, generator_for, logits_to_probs, sample_from
+from ..sampling import (
+    NoisePurpose,
+    SamplingParams,
+    coupled_exponentials,
+    generator_for,
+    logits_to_probs,
+    race,
+    sample_from,
+)
 from ..schedule import KSchedule, make_schedule
 from ..settings import ConfigSettings
 
@@ -75,6 +83,17 @@ class ProposalRequest:
     step: int
     hidden_states: torch.Tensor | None = None
     processors: ProcessorSpec | None = None
+
+    def position(self, slot: int) -> int:
+        """The absolute position of the draft at ``slot`` (0-based) of this step: ``len(token_ids) + slot``, the index
+        it would have in the sequence's token ids (what keys a seeded request's coupled race)."""
+        return len(self.token_ids) + slot
+
+    @property
+    def coupled(self) -> bool:
+        """Whether the request's sampled drafts are drawn with the target's coupled noise: seeded and not greedy
+        (:func:`draft_token`; the verifier's coupled race, :func:`spec_decode.verifier.rejection.coupled_sample`)."""
+        return self.params.seeded and not self.params.is_greedy
 
 
 class Proposer:
@@ -204,7 +223,7 @@ class Proposer:
 
 def draft_token(logits: torch.Tensor, request: ProposalRequest, purpose: NoisePurpose, slot: int,
                 drafts: list[int] | None = None, column_ids: torch.Tensor | None = None,
-                grammar: GrammarCache | None = None) -> tuple[int, torch.Tensor]:
+                grammar: GrammarCache | None = None, vocab_size: int | None = None) -> tuple[int, torch.Tensor]:
     """One draft token from a model proposer's logits under the request's processors and sampling.
 
     Args:
@@ -217,12 +236,17 @@ def draft_token(logits: torch.Tensor, request: ProposalRequest, purpose: NoisePu
         column_ids: [N] int64, the target id of each logits column (a pruned vocabulary), or None (column = id).
         grammar: the process's grammar matchers; without them a request's guide is not applied to the draft (the
             target still enforces it).
+        vocab_size: the target's vocabulary size V (a coupled draft races the noise of V tokens, gathered at
+            ``column_ids``), or None: ``max(column_ids) + 1``, or N without ``column_ids``.
 
     Returns:
         (token index in [0, N), probs [N] float32 after the request's processors and temperature / top-k / top-p):
-        the argmax when greedy, else a draw keyed by (seed, step, purpose, slot)
-        (:func:`~spec_decode.sampling.generator_for`), so a seeded request's drafts are reproducible. The verifier
-        needs those ``probs`` for rejection sampling.
+        the argmax when greedy; for a seeded sampled request (:attr:`ProposalRequest.coupled`) the exponential race
+        of ``probs`` with the noise the verifier's torch path races the target with at the draft's absolute position
+        (:func:`~spec_decode.sampling.coupled_exponentials`, over the target's ids: Daliri et al. 2024), so the draft
+        equals the target's token whenever both races agree; else a draw keyed by (seed, step, purpose, slot)
+        (:func:`~spec_decode.sampling.generator_for`). Either is an exact draw from ``probs``, so a seeded request's
+        drafts are reproducible and the verifier's rejection sampling (which needs those ``probs``) stays exact.
 
     Raises:
         ValueError: from the grammar (:func:`~spec_decode.processors.process_logits`).
@@ -236,6 +260,12 @@ def draft_token(logits: torch.Tensor, request: ProposalRequest, purpose: NoisePu
     probs = logits_to_probs(logits, request.params)
     if request.params.is_greedy:
         return int(torch.argmax(probs)), probs
+    if request.coupled:
+        n = probs.shape[-1]
+        cols = None if column_ids is None else column_ids.cpu()
+        size = vocab_size if vocab_size is not None else (n if cols is None or not len(cols) else int(cols.max()) + 1)
+        e = coupled_exponentials(request.params.seed, request.position(slot), max(size, n if cols is None else 0))
+        return race(probs, e[:n] if cols is None else e[cols]), probs
     return sample_from(probs, generator_for(request.params.seed, request.step, purpose, slot)), probs
 
 

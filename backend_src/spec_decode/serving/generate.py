@@ -17,13 +17,21 @@ import traceback
 
 import numpy as np
 
+from ..chunked_prefill import PrefixTracker, plan_round, round_results
 from ..engine.model_loading import load_tokenizer, resolve_model_path
 from ..generation import Chunk, Generation
 from ..processors import TokenLogprobs, logprob_arrays
 from ..proposers import DraftLMSettings, DraftModelProposer, k_schedule, offered_methods
 from ..protocol import StepInputs, StepResult
 from ..schedule import speculation_disabled
-from ..settings import DraftModelSettings, GenerateSettings, InvalidInputError, one_of, warn_unknown_parameters
+from ..settings import (
+    DraftModelSettings,
+    GenerateSettings,
+    InvalidInputError,
+    TargetSettings,
+    one_of,
+    warn_unknown_parameters,
+)
 from .adapter import error_response, read_inputs
 from .generate_inputs import RequestLimits, check_parameters, parse_request
 from .metrics import Metrics, stats_tuple
@@ -71,6 +79,9 @@ class GenerateBackend:
         draft_params: draft_model's config parameters, when its config.pbtxt is beside this model's
             (:func:`~.adapter.sibling_parameters`): generate's largest k is held to draft_model's, and
             ``draft_model_available: auto`` follows its ``draft_model_path``.
+        target_params: target_model's, likewise: chunked prefill counts the prompt blocks its prefix caching holds
+            (:class:`~spec_decode.chunked_prefill.PrefixTracker`, sized by its ``kv_cache_max_tokens``; off when its
+            ``enable_prefix_caching`` is false); None: its defaults.
 
     Raises:
         ValueError: a config parameter out of range or naming no tokenizer (named), a default method the server does
@@ -78,7 +89,8 @@ class GenerateBackend:
             draft LM.
     """
 
-    def __init__(self, params: dict[str, str], pb_utils, draft_params: dict[str, str] | None = None):
+    def __init__(self, params: dict[str, str], pb_utils, draft_params: dict[str, str] | None = None,
+                 target_params: dict[str, str] | None = None):
         warn_unknown_parameters("generate", params, set(GenerateSettings.parameter_names()))
         self.pb = pb_utils
         self.settings = s = GenerateSettings.from_params(params)
@@ -101,6 +113,9 @@ class GenerateBackend:
         # Steps of concurrent sequences start together so that they share forward passes (see rounds.py).
         self.rounds = StepRounds(self._run_round, max_wait_s=s.step_round_max_wait_ms / 1000)
         self._rng = random.Random()
+        target = TargetSettings.from_params(target_params or {})
+        budget = target.kv_cache_max_tokens or 1 << 20  # no bound: remember a million tokens' worth of blocks
+        self.prefixes = PrefixTracker(capacity_tokens=budget if target.enable_prefix_caching else 0)
         self.metrics = Metrics(pb_utils)
         self.metrics.set("spec_decode_running_sequences", 0)
 
@@ -129,8 +144,10 @@ class GenerateBackend:
         prompt_ids = self.tokenizer(req.text_input)["input_ids"]
         seed = req.random_seed if req.random_seed is not None else self._rng.getrandbits(63)
         seq_id = self._rng.getrandbits(63)
-        return Generation(seq_id, prompt_ids, req, self.tokenizer, self.eos_ids, s.max_model_len, seed,
-                          k_schedule(req.speculative_method, s.num_draft_tokens_schedule, s.max_num_draft_tokens))
+        gen = Generation(seq_id, prompt_ids, req, self.tokenizer, self.eos_ids, s.max_model_len, seed,
+                         k_schedule(req.speculative_method, s.num_draft_tokens_schedule, s.max_num_draft_tokens))
+        gen.cached_len = self.prefixes.cached_len(prompt_ids)  # blocks an earlier sequence left in the target
+        return gen
 
     def _response(self, gen: Generation, chunk: Chunk, prefix: str = "", first: bool = False):
         pb = self.pb
@@ -193,8 +210,13 @@ class GenerateBackend:
                     if sender.is_cancelled():  # the client left during the step: send and count nothing more
                         gen.cancel()
                         break
+                    if result.prefilled is not None:  # a chunk of the prompt (chunked prefill): nothing to send
+                        gen.commit(result)
+                        continue
                     before = stats_tuple(gen.stats)
                     chunk = gen.commit(result)
+                    if gen.stats.steps == 1:  # the target holds the prompt now: later prompts starting with it reuse it
+                        self.prefixes.add(gen.token_ids[: gen.prompt_len])
                     self.metrics.record_step(req.speculative_method, inp.num_draft_tokens, before, gen.stats)
                     if req.stream:
                         if chunk.finished:
@@ -228,14 +250,20 @@ class GenerateBackend:
             except Exception:  # noqa: BLE001 - the stream may already be closed
                 pass
         finally:
+            if gen.stats.steps:  # the target computed its tokens: later prompts that start with them reuse its blocks
+                self.prefixes.add(gen.token_ids)
             await self.step.release(gen)
             self.metrics.add("spec_decode_requests_total", 1, method=req.speculative_method,
                              finish_reason=gen.finish_reason or "error")
             self._set_running(-1)
 
     async def _run_round(self, inps: list[StepInputs]) -> list[StepResult | BaseException]:
-        """One round of steps (:class:`StepRounds`): one batched request through the transport."""
-        return await self.step.run_batch(inps)
+        """One round of steps (:class:`StepRounds`) within ``max_num_batched_tokens``
+        (:func:`~spec_decode.chunked_prefill.plan_round`: prompts prefilled in chunks beside the running sequences):
+        one batched request through the transport."""
+        plan = plan_round(inps, self.settings.max_num_batched_tokens)
+        run = [p for p in plan if p is not None]
+        return round_results(inps, plan, await self.step.run_batch(run) if run else [])
 
     def _set_running(self, delta: int) -> None:
         self.running += delta

@@ -28,8 +28,9 @@ def round_inputs(inps: list[StepInputs], release: bool) -> dict[str, np.ndarray]
     (:class:`~.triton_step.TritonStep`) and the in-process ensemble splits into rows
     (:class:`~.local_ensemble.LocalEnsemble`).
 
-    A round in which some sequence drafts, and a release, carry ``num_draft_tokens``, ``speculative_method`` and
-    ``seeded`` for draft_model (``spec_step``), and, when a drafting row's proposer reads the target's hidden states,
+    Every round carries ``seeded`` (draft_model's and the verifier's: a seeded sampled row is verified by the coupled
+    race). A round in which some sequence drafts, and a release, carry ``num_draft_tokens`` and ``speculative_method``
+    for draft_model (``spec_step``), and, when a drafting row's proposer reads the target's hidden states,
     ``context_hidden_states`` [B, m, H] (rows zero-padded) with ``num_context_hidden_states`` [B, 1]; a round in which
     none drafts carries empty ``draft_token_ids`` [B, 0] and ``draft_probs`` [B, 0, 0] instead (``score_step``: no
     draft_model).
@@ -46,7 +47,8 @@ def round_inputs(inps: list[StepInputs], release: bool) -> dict[str, np.ndarray]
         ("random_seed", [p.seed for p in params]),
         ("step", [i.step for i in inps]),
         ("release", [release] * len(inps)),
-        ("acceptance_method", [i.acceptance_method.encode() for i in inps]))}
+        ("acceptance_method", [i.acceptance_method.encode() for i in inps]),
+        ("seeded", [p.seeded for p in params]))}  # also for the verifier: seeded rows are coupled (docs/verifier.md)
     out["token_ids"] = stack_rows([np.asarray(i.token_ids, STEP["token_ids"].numpy_dtype) for i in inps])
     if not release and any(i.processors is not None for i in inps):
         out["logits_processors"] = col("logits_processors", [(i.processors.wire_text if i.processors else "").encode()
@@ -54,7 +56,6 @@ def round_inputs(inps: list[StepInputs], release: bool) -> dict[str, np.ndarray]
     if release or any(i.drafts for i in inps):
         out["num_draft_tokens"] = col("num_draft_tokens", [i.num_draft_tokens for i in inps])
         out["speculative_method"] = col("speculative_method", [i.method.encode() for i in inps])
-        out["seeded"] = col("seeded", [p.seeded for p in params])
         hidden = [i.hidden_states if not release and i.drafts and needs_hidden_states(i.method) else None for i in inps]
         if any(h is not None and len(h) for h in hidden):
             width = next(h.shape[1] for h in hidden if h is not None and len(h))

@@ -1,7 +1,8 @@
 """Backend of the ``target_model`` model: the scorer over k+1 positions with the per-sequence KV cache.
 
 Config parameters: :class:`~spec_decode.settings.TargetSettings` (``model_path``, ``device``, ``dtype``,
-``max_sequences``, ``logprobs_mode``). Inputs: :data:`~.wire.TARGET_MODEL_INPUTS`. Outputs per row: ``target_probs``
+``max_sequences``, ``kv_cache_max_tokens``, ``enable_prefix_caching``, ``logprobs_mode``). Inputs:
+:data:`~.wire.TARGET_MODEL_INPUTS`. Outputs per row: ``target_probs``
 FP32 [k+1, V] after the row's logits processors (``logits_processors``: :mod:`spec_decode.processors`) and
 ``hidden_states`` FP32 [k+1, H], the target's last hidden states at the same positions (what a hidden-state speculator
 drafts from; generate keeps those of the accepted positions for the sequence's next step), both on the model's device
@@ -10,7 +11,7 @@ drafts from; generate keeps those of the accepted positions for the sequence's n
 [P-1], ``prompt_top_log_probs`` / ``prompt_top_log_prob_ids`` [P-1, N]) on a first step that asks for them (else
 empty). The rows of one ``execute()`` are scored in one forward pass
 (:meth:`~spec_decode.engine.scorer.TargetScorer.score_batch`). Metrics (docs/metrics.md): time scoring, the target's
-KV caches.
+KV caches and prefix caching.
 """
 
 from __future__ import annotations
@@ -78,11 +79,22 @@ class TargetBackend(BatchedBackend):
         self.lm = load_cached_lm(path, self.settings)
         self.model_path = path
         self.scorer = TargetScorer(self.lm, self.settings.logprobs_mode)  # grammar matchers: at the first guide
+        self._exported_prefix_stats = (0, 0, 0)  # prefix_stats as last exported (queries, hits, reused tokens)
         self._refresh_gauges()
 
     def _refresh_gauges(self) -> None:
-        self.metrics.set("spec_decode_target_kv_cache_sequences", len(self.lm))
-        self.metrics.set("spec_decode_target_kv_cache_tokens", self.lm.cached_tokens())
+        lm = self.lm
+        self.metrics.set("spec_decode_target_kv_cache_sequences", len(lm))
+        self.metrics.set("spec_decode_target_kv_cache_tokens", lm.cached_tokens())
+        self.metrics.set("spec_decode_target_kv_cache_allocated_tokens", lm.allocated_tokens())
+        self.metrics.set("spec_decode_target_kv_cache_max_tokens", lm.max_tokens)
+        stats, last = lm.prefix_stats, self._exported_prefix_stats
+        for name, now, before in (("queries", stats.queries, last[0]), ("hits", stats.hits, last[1]),
+                                  ("reused_tokens", stats.reused_tokens, last[2])):
+            if now > before:
+                self.metrics.add(f"spec_decode_target_prefix_cache_{name}_total", now - before)
+        self._exported_prefix_stats = (stats.queries, stats.hits, stats.reused_tokens)
+        self.metrics.set("spec_decode_target_prefix_cache_hit_rate", stats.hits / max(1, stats.queries))
 
     def _run_group(self, group, items: list[tuple]) -> list:  # the k+1 positions of several sequences in one forward
         start = time.perf_counter()

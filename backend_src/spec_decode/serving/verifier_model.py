@@ -9,7 +9,9 @@ FP32 [n]; for a row whose ``logits_processors`` ask for log-probs, ``output_toke
 (:func:`~spec_decode.processors.step_logprobs`); all empty for a release. The rows of one ``execute()`` (a round,
 and requests queued with it) are verified in one :meth:`~spec_decode.verifier.Verifier.verify_batch` call: one kernel
 launch per kind of row on CUDA; a row's bad input fails that row alone, a sampler error the rows verified with it.
-Greedy rows (temperature 0) are the argmax walk.
+Greedy rows (temperature 0) are the argmax walk. Seeded sampled rows under rejection sampling are verified by the
+coupled race keyed by (seed, absolute position) (:func:`~spec_decode.verifier.rejection.coupled_sample`): ``token_ids``
+gives the position (the number of committed ids), ``seeded`` whether the seed came from the client (absent: True).
 Metrics (docs/metrics.md): time verifying.
 """
 
@@ -22,6 +24,7 @@ import torch
 
 from ..processors import ProcessorSpec, TokenLogprobs, logprob_arrays, step_logprobs
 from ..verifier import Verifier, VerifierRow, VerifierSettings
+from .adapter import strip_padding
 from .batching import BatchedBackend, Work
 from .metrics import Metrics
 from .step_inputs import acceptance_method, draft_token_ids, processor_spec, sampling_params, scalar
@@ -81,8 +84,14 @@ class VerifierBackend(BatchedBackend):
         k = len(drafts)
         dp = _given_rows(inputs, "draft_probs", k)
         params = sampling_params(inputs)
+        # A seeded row's coupled race is keyed by the absolute position of its first draft: the number of committed
+        # ids. Without token_ids (a direct caller of the verifier) the position is unknown: such a row keeps the
+        # rejection sampler keyed by (seed, step). ``seeded`` absent counts as seeded (SamplingParams' default;
+        # score_step's rounds do not carry it).
+        has_ids = inputs.get("token_ids") is not None
+        position = len(strip_padding(inputs["token_ids"])) if has_ids else 0
         return VerifierRow(tp[: k + 1], drafts.to(tp.device), dp, params.seed, int(scalar(inputs, "step", 0)),
-                           params.is_greedy, acceptance_method(inputs))
+                           params.is_greedy, acceptance_method(inputs), position, params.seeded and has_ids)
 
     @staticmethod
     def _is_release(inputs: dict) -> bool:

@@ -174,7 +174,7 @@ _DRAFT_IN = ("sequence_id token_ids num_draft_tokens speculative_method temperat
              "step release context_hidden_states num_context_hidden_states logits_processors")
 _TARGET_IN = "sequence_id token_ids draft_token_ids temperature top_k top_p release logits_processors"
 _VERIFIER_IN = ("target_probs draft_token_ids draft_probs temperature random_seed step acceptance_method "
-                "logits_processors log_probs")
+                "logits_processors log_probs token_ids seeded")
 _PROMPT_OUT = "prompt_log_probs prompt_token_ranks prompt_top_log_probs prompt_top_log_prob_ids"
 _LOGPROBS_OUT = "output_token_ranks top_log_probs top_log_prob_ids " + _PROMPT_OUT
 # the prompt's log-probs in the order of logprob_arrays (spec_decode.processors): log-probs, ranks, top log-probs, ids
@@ -197,7 +197,7 @@ MODELS: dict[str, ModelWire] = {
         _pick(STEP, _TARGET_IN, optional="logits_processors", ragged="token_ids draft_token_ids"),
         _pick(STEP, "target_probs hidden_states log_probs " + _PROMPT_OUT)),
     "verifier": ModelWire(
-        _pick(STEP, _VERIFIER_IN, optional="logits_processors log_probs"),
+        _pick(STEP, _VERIFIER_IN, optional="logits_processors log_probs seeded", ragged="token_ids"),
         _pick(STEP, "output_ids output_log_probs output_token_ranks top_log_probs top_log_prob_ids")),
     SPEC_STEP: ModelWire(
         _pick(STEP, "sequence_id token_ids num_draft_tokens speculative_method temperature top_k top_p random_seed "
@@ -208,7 +208,7 @@ MODELS: dict[str, ModelWire] = {
         steps=("draft_model", "target_model", "verifier")),
     SCORE_STEP: ModelWire(
         _pick(STEP, "sequence_id token_ids draft_token_ids draft_probs temperature top_k top_p random_seed step "
-                    "release acceptance_method logits_processors", optional="logits_processors"),
+                    "release acceptance_method logits_processors seeded", optional="logits_processors seeded"),
         _pick(STEP, "output_ids output_log_probs hidden_states " + _LOGPROBS_OUT),
         steps=("target_model", "verifier")),
 }

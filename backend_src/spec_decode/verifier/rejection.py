@@ -15,6 +15,11 @@ drawn from target_probs[k]. The output distribution equals the target's exactly.
 q = 0, p = q, u at 0 or near 1, empty residuals, placeholders, half-precision underflow, invalid values) is listed in
 :func:`rejection_sample`. Typical acceptance follows Medusa (Cai et al. 2024) and vLLM's ``TypicalAcceptanceSampler``;
 it is faster and NOT lossless. docs/verifier.md shows the API in use.
+
+The coupled sampler (:func:`coupled_sample`) is the drafter-invariant alternative for seeded requests (Daliri et al.
+2024, "Drafter-invariant speculative decoding"; the Gumbel-max / exponential-race coupling): the target's token at each
+position is a race keyed by (seed, absolute position) only, and a draft is accepted iff it equals that token, so the
+output does not depend on the drafts, k or the step structure.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import os
 
 import torch
 
-from ..sampling import NoisePurpose, generator_for
+from ..sampling import NoisePurpose, coupled_seed, generator_for
 from ..settings import InvalidInputError, one_of
 from .torch_impl import _first_rejection, rejection_torch, typical_torch
 
@@ -276,3 +281,68 @@ def typical_acceptance_sample(
     _, e = _torch_noise(seeds, greedy, draft_token_ids[:, :0], v)
     return typical_torch(target_probs, draft_token_ids, posterior_threshold, posterior_alpha,
                          e.to(target_probs.device), greedy)
+
+
+def coupled_sample(
+    target_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    *,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Verify drafts by the coupled race (Daliri et al. 2024, "Drafter-invariant speculative decoding"): lossless, and
+    a row's output is a function of its target distributions, seed and position only, never of its drafts or k.
+
+    Row b's target token at draft position i is t_i = argmax(p_i / E) with E ~ Exp(1) keyed by (seeds[b],
+    positions[b] + i) alone (:func:`spec_decode.sampling.coupled_seed`): a row of :func:`rejection_sample` with k = 0
+    (its bonus race) and that seed, on the chosen backend (torch: a CPU generator; Triton: Philox in-kernel, so the two
+    backends give different, equally distributed, tokens). Draft i is accepted iff draft_i == t_i and every draft
+    before it was; at the first mismatch (or -1 placeholder) t_i is emitted; when all k match, t_k is the bonus token.
+    Since each t_i is an exact draw from p_i with noise independent of the other positions, the emitted tokens follow
+    the target's law whatever the drafts (drafts without probabilities are accepted with probability p(x), as by
+    rejection sampling; drafts raced with the same noise, :func:`spec_decode.sampling.coupled_exponentials`, whenever
+    both races agree). Position i is raced only for the rows whose drafts matched up to it (one sampler call, one
+    kernel launch on CUDA, per position). Boundary rules are those of the race in :func:`rejection_sample`: a
+    zero-probability token never wins, ties go to the lowest index.
+
+    Args:
+        target_probs: [B, k+1, V] float32 (bfloat16/float16 accepted): the target's distributions after the sampling
+            transforms.
+        draft_token_ids: [B, k] int64 in [0, V), or -1 placeholders (rejected: the row's drafts end there).
+        seeds: int64 [B] >= 0, the requests' seeds.
+        positions: int64 [B] >= 0, the absolute position of each row's first draft (the number of its committed
+            token ids).
+        backend: as :func:`rejection_sample`.
+
+    Returns:
+        [B, k+1] int64 on the input device: accepted drafts, the target's token at the first mismatch, -1 padding.
+
+    Raises:
+        ValueError: as :func:`rejection_sample` (shapes, dtypes, devices, ids, invalid probabilities or a zero row at a
+            position raced), and seeds or positions that are not int64 [B] >= 0.
+    """
+    validate_inputs(target_probs, draft_token_ids, None)
+    b, k1, v = target_probs.shape
+    for name, x in (("seeds", seeds), ("positions", positions)):
+        if not isinstance(x, torch.Tensor) or x.shape != (b,) or x.dtype != torch.int64:
+            raise ValueError(f"{name} must be an int64 tensor of shape [{b}], got {_describe(x)}")
+        if b and int(x.min()) < 0:
+            raise ValueError(f"{name} must be >= 0")
+    dev = target_probs.device
+    out = torch.full((b, k1), -1, dtype=torch.int64, device=dev)
+    drafts = draft_token_ids.cpu().tolist()
+    seed_list, pos_list = seeds.tolist(), positions.tolist()
+    live = list(range(b))  # rows whose drafts matched every position before i
+    for i in range(k1):
+        if not live:
+            break
+        idx = torch.tensor(live, device=dev)
+        row_seeds = torch.tensor([coupled_seed(seed_list[r], pos_list[r] + i) for r in live], dtype=torch.int64)
+        tp = target_probs[idx, i : i + 1]  # [m, 1, V]: each row a k = 0 row, raced with its own seed only
+        tokens = rejection_sample(tp, torch.empty((len(live), 0), dtype=torch.int64, device=dev), None,
+                                  seeds=row_seeds, backend=backend)[:, 0]
+        out[idx, i] = tokens
+        tok = tokens.cpu().tolist()
+        live = [r for r, t in zip(live, tok) if i < k1 - 1 and drafts[r][i] == t]
+    return out

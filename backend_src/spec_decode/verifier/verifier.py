@@ -2,8 +2,10 @@
 
 What the ``verifier`` model runs (:mod:`spec_decode.serving.verifier_model`) and the in-process transport calls: the
 configured acceptance method (:class:`VerifierSettings`) over :func:`.rejection_sample` and
-:func:`.typical_acceptance_sample`, with each row's noise keyed by its own seed and step. As vLLM's rejection sampler,
-which takes a whole batch per call.
+:func:`.typical_acceptance_sample`, with each row's noise keyed by its own seed and step, and for seeded sampled rows
+under rejection sampling :func:`.coupled_sample`, keyed by the seed and the absolute token position only (Daliri et
+al. 2024: the output does not depend on the drafts, k or the load). As vLLM's rejection sampler, which takes a whole
+batch per call.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from .rejection import (
     TYPICAL_EPSILON,
     VERIFIER_BACKENDS,
     check_typical_parameters,
+    coupled_sample,
     rejection_sample,
     typical_acceptance_sample,
 )
@@ -67,6 +70,11 @@ class VerifierRow:
         greedy: temperature 0 (argmax walk, whatever the method).
         method: "rejection", "typical" or "" (the verifier's default), as checked by
             :func:`spec_decode.settings.check_acceptance_method`.
+        position: the absolute position of the row's first draft: the number of the sequence's committed token ids
+            (>= 0). Keys a seeded row's coupled race.
+        seeded: the seed came from the client (:attr:`spec_decode.sampling.SamplingParams.seeded`): a sampled row under
+            rejection sampling is then verified by the coupled race (:func:`.coupled_sample`), whose output does not
+            depend on the drafts, k or the step (:meth:`Verifier.is_coupled`).
 
     Raises:
         InvalidInputError: (construction) target_probs that is not [k+1, V] for the k drafts.
@@ -79,12 +87,16 @@ class VerifierRow:
     step: int
     greedy: bool
     method: str = ""
+    position: int = 0
+    seeded: bool = False
 
     def __post_init__(self):
         tp, drafts = self.target_probs, self.draft_token_ids
         if tp.dim() != 2 or drafts.dim() != 1 or tp.shape[0] != drafts.shape[0] + 1:
             raise InvalidInputError("target_probs", f"must be [k+1, V] for the k = {drafts.shape[0]} drafts, got "
                                                     f"shape {tuple(tp.shape)}")
+        if self.position < 0:
+            raise InvalidInputError("token_ids", f"a row's position must be >= 0, got {self.position}")
 
     @property
     def k(self) -> int:
@@ -112,6 +124,8 @@ class Verifier:
         step: int,
         greedy: bool,
         method: str = "",
+        position: int = 0,
+        seeded: bool = False,
     ) -> tuple[list[int], list[float]]:
         """Verify one sequence's drafts (:meth:`verify_batch` of one row; arguments as :class:`VerifierRow`).
 
@@ -122,17 +136,26 @@ class Verifier:
             ValueError: inconsistent shapes (:class:`VerifierRow`) or invalid probabilities (from the sampler).
         """
         return self.verify_batch([VerifierRow(target_probs, draft_token_ids, draft_probs, seed, step, greedy,
-                                              method)])[0]
+                                              method, position, seeded)])[0]
+
+    def is_coupled(self, row: VerifierRow) -> bool:
+        """Whether ``row`` is verified by the coupled race (:func:`.coupled_sample`): seeded, sampled (not greedy)
+        and under rejection sampling (its own method, or the verifier's default). Typical acceptance, which is not
+        lossless, and greedy rows (the argmax walk) keep their paths; unseeded rows keep rejection sampling, which
+        accepts more drafts that come with probabilities."""
+        return row.seeded and not row.greedy and (row.method or self.settings.acceptance_method) == "rejection"
 
     def verify_batch(self, rows: list[VerifierRow]) -> list[tuple[list[int], list[float]]]:
         """Verify a round of sequences: one sampler call (one kernel launch on CUDA) per kind of row.
 
         Rows are grouped by what the sampler call needs in common (rejection sampling with draft probabilities,
-        without them, or typical acceptance; device, dtype, V); a group's rows are padded to its largest k with -1
-        drafts (a -1 ends a row's drafts and its position gets the bonus token, drawn from the row's own last
-        distribution) and zero probabilities, so each row's tokens are those it gets alone (its noise is keyed by its
-        own seed and step: :func:`spec_decode.verifier.rejection_sample`). As vLLM's rejection sampler, which takes a
-        whole batch per call.
+        without them, typical acceptance, or the coupled race of seeded sampled rows under rejection sampling,
+        :meth:`is_coupled`; device, dtype, V); a group's rows are padded to its largest k with -1 drafts (a -1 ends a
+        row's drafts and its position gets the bonus token, drawn from the row's own last distribution) and zero
+        probabilities, so each row's tokens are those it gets alone (its noise is keyed by its own seed and step:
+        :func:`spec_decode.verifier.rejection_sample`; a coupled row's by its seed and absolute position only:
+        :func:`spec_decode.verifier.rejection.coupled_sample`, one sampler call per position). As vLLM's rejection
+        sampler, which takes a whole batch per call.
 
         Args:
             rows: per sequence, a :class:`VerifierRow`; k may differ between rows.
@@ -148,10 +171,14 @@ class Verifier:
         s = self.settings
         for i, row in enumerate(rows):
             tp = row.target_probs
+            if self.is_coupled(row):  # the coupled race ignores draft probabilities
+                groups.setdefault(("coupled", False, tp.device, tp.dtype, tp.shape[-1]), []).append(i)
+                continue
             typical = (row.method or s.acceptance_method) == "typical" and not row.greedy  # greedy: the argmax walk
             with_dp = not typical and row.draft_probs is not None and row.draft_probs.numel() > 0
-            groups.setdefault((typical, with_dp, tp.device, tp.dtype, tp.shape[-1]), []).append(i)
-        for (typical, with_dp, dev, dtype, v), idx in groups.items():
+            groups.setdefault(("typical" if typical else "rejection", with_dp, tp.device, tp.dtype, tp.shape[-1]),
+                              []).append(i)
+        for (kind, with_dp, dev, dtype, v), idx in groups.items():
             group = [rows[i] for i in idx]
             k = max(row.k for row in group)
             dp: torch.Tensor | None = None
@@ -171,9 +198,13 @@ class Verifier:
                     if with_dp:
                         assert dp is not None and row.draft_probs is not None  # with_dp: both exist
                         dp[r, : row.k] = row.draft_probs.to(device=dev, dtype=dtype)
-            seeds = torch.tensor([mix_seed(row.seed, row.step) for row in group], dtype=torch.int64)
             is_greedy = torch.tensor([bool(row.greedy) for row in group])
-            if typical:
+            seeds = torch.tensor([mix_seed(row.seed, row.step) for row in group], dtype=torch.int64)
+            if kind == "coupled":  # keyed by the request's seed and the absolute position only
+                out = coupled_sample(tp, ids, seeds=torch.tensor([row.seed for row in group], dtype=torch.int64),
+                                     positions=torch.tensor([row.position for row in group], dtype=torch.int64),
+                                     backend=s.backend)
+            elif kind == "typical":
                 out = typical_acceptance_sample(tp, ids, posterior_threshold=s.typical_epsilon,
                                                 posterior_alpha=s.typical_alpha, seeds=seeds, is_greedy=is_greedy,
                                                 backend=s.backend)

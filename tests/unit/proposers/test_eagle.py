@@ -226,13 +226,16 @@ def test_through_the_served_backends_greedy_output_is_the_target_s_and_sampled_o
     assert chisquare(observed, expected * observed.sum() / expected.sum()).pvalue > 1e-3, (counts, marginal)
 
 
-def test_hidden_states_of_another_shape_or_not_finite_or_past_the_target_s_positions_are_refused_naming_the_input(
+def test_hidden_states_of_another_shape_or_not_finite_are_refused_naming_the_input_and_long_ones_draft_less(
         eagle_dir):
     p = EagleProposer.from_config(_settings(eagle_dir), {})
     p.check(ProposalRequest(1, [4, 5, 6, 7], 2, SamplingParams(), 0, torch.randn(3, 32)))
-    p.check(ProposalRequest(1, [4] * 1020, 4, SamplingParams(), 0, torch.randn(3, 32)))  # 1,024 positions: the target's
-    with pytest.raises(ValueError, match=r"token_ids.*1021 tokens and 4 drafts.*at most 1024 positions"):
-        p.check(ProposalRequest(1, [4] * 1021, 4, SamplingParams(), 0, torch.randn(3, 32)))
+    fits = ProposalRequest(1, [4] * 1020, 4, SamplingParams(), 0, torch.randn(3, 32))  # 1,024 positions: the target's
+    p.check(fits)
+    assert p.room(fits) == 4
+    past = ProposalRequest(1, [4] * 1021, 4, SamplingParams(), 0, torch.randn(3, 32))
+    p.check(past)  # not refused: it drafts what fits (tests/unit/proposers/test_short_context.py)
+    assert p.room(past) == 3
     p.check(ProposalRequest(1, [4], 2, SamplingParams(), 0, None))  # none yet: no drafts, no error
     with pytest.raises(ValueError, match=r"context_hidden_states.*\[m, 32\].*\[2, 31\]"):
         p.check(ProposalRequest(1, [4, 5, 6], 2, SamplingParams(), 0, torch.randn(2, 31)))

@@ -62,18 +62,18 @@ def test_request_tree_follows_the_sequence_and_prompt_repetition(backend):
     assert p.propose_one(1, prompt + [5, 6, 7, 8], 2, None, 1).draft_token_ids.tolist() == [9, 1]
 
 
-def test_seeded_sampling_skips_the_global_suffix_tree():
-    """A seeded sampled request drafts from itself only (reproducible whatever ran before); greedy and unseeded use
-    earlier responses."""
+def test_every_request_drafts_from_the_global_suffix_tree():
+    """Greedy, unseeded and seeded requests all draft from earlier responses: a seeded request's tokens do not
+    depend on its drafts (the verifier's coupled race, tests/unit/test_seeded_invariance.py), so it need not skip
+    them."""
     p = _suffix(backend="python")
     earlier = [1, 2, 3, 4, 5, 6, 7, 8]
     p.speculate(1, earlier[:2], 4)
     p.release(1, earlier)  # with its final ids: the response 3..8 is now in the global tree
     ctx = [9, 3, 4, 5]
     greedy, seeded, unseeded = SamplingParams(), SamplingParams(0.8, seed=1), SamplingParams(0.8, seed=1, seeded=False)
-    assert p.propose_one(2, ctx, 3, greedy, 0).draft_token_ids.tolist() == [6, 7, 8]
-    assert p.propose_one(3, ctx, 3, unseeded, 0).draft_token_ids.tolist() == [6, 7, 8]
-    assert p.propose_one(4, ctx, 3, seeded, 0).draft_token_ids.tolist() == []
+    for seq_id, params in ((2, greedy), (3, unseeded), (4, seeded)):
+        assert p.propose_one(seq_id, ctx, 3, params, 0).draft_token_ids.tolist() == [6, 7, 8]
 
 
 def test_proposals_carry_their_score_and_gauges_follow_the_trees():
@@ -85,7 +85,9 @@ def test_proposals_carry_their_score_and_gauges_follow_the_trees():
     assert hit.draft_token_ids.tolist() == [3, 4] and hit.score == pytest.approx(2.0) and hit.draft_probs is None
     assert miss.draft_token_ids.tolist() == [] and miss.score == 0.0
     assert p.gauges() == {"spec_decode_suffix_active_requests": 2, "spec_decode_suffix_cached_responses": 1,
-                          "spec_decode_suffix_cached_tokens": 4}
+                          "spec_decode_suffix_cached_tokens": 4,
+                          "spec_decode_suffix_max_cached_tokens": SuffixSettings().max_cached_tokens}
+    assert set(p.gauges()) == set(SuffixProposer.GAUGES)
     p.release(2)
     p.release(3)
     assert p.gauges()["spec_decode_suffix_active_requests"] == 0

@@ -4,7 +4,10 @@ assisted generation).
 Any Hugging Face causal-LM folder with the target's tokenizer. It keeps its own per-sequence KV cache
 (:class:`~spec_decode.engine.kv_cache.CachedCausalLM`) and samples k tokens autoregressively from its distribution
 after the request's sampling transforms, returning those distributions as ``draft_probs`` for rejection sampling. A
-round's sequences share each of the k forwards.
+round's sequences share each of the k forwards. A seeded sampled request's drafts race the noise the verifier races
+the target with at the same absolute positions (:func:`~spec_decode.proposers.base.draft_token`), so they are coupled
+with the target's tokens. A sequence whose next positions lie beyond the draft model's ``max_position_embeddings``
+drafts fewer tokens, or none, instead of failing (:meth:`DraftModelProposer.room`).
 
 A draft with a pruned vocabulary (:class:`~spec_decode.engine.draft_vocab.DraftVocab`, ``draft_vocab.json`` in its
 folder, as ``make draft`` builds it) reads target ids mapped into its vocabulary and proposes only kept tokens; its
@@ -21,7 +24,7 @@ from ...engine.draft_vocab import DraftVocab, load_draft_vocab
 from ...engine.kv_cache import CachedCausalLM
 from ...engine.model_loading import load_cached_lm
 from ...sampling import NoisePurpose
-from ...settings import LMSettings, in_range
+from ...settings import InvalidInputError, LMSettings, in_range
 from ..base import Proposal, ProposalRequest, Proposer, confident, draft_token
 from .artifacts import draft_lm_configured, resolve_draft_path
 
@@ -65,7 +68,13 @@ class DraftModelProposer(Proposer):
     Settings = DraftLMSettings
     GAUGES = {
         "spec_decode_draft_kv_cache_sequences": "Sequences holding a KV cache in the draft LM",
-        "spec_decode_draft_kv_cache_tokens": "Tokens held in the draft LM's KV caches",
+        "spec_decode_draft_kv_cache_tokens": "Tokens held in the draft LM's KV caches of running sequences",
+        "spec_decode_draft_kv_cache_allocated_tokens": "Positions allocated by the draft LM's KV caches, running and "
+                                                       "released ones kept for prefix reuse",
+        "spec_decode_draft_kv_cache_max_tokens": "The draft LM's kv_cache_max_tokens (0 = no bound)",
+        "spec_decode_draft_prefix_cache_hit_rate": "Draft LM prefix-cache hits / queries since start",
+        "spec_decode_draft_prefix_cache_reused_tokens": "Tokens whose keys and values the draft LM copied from a "
+                                                        "cached prefix since start",
     }
 
     def __init__(self, lm: CachedCausalLM, vocab: DraftVocab | None = None, min_token_prob: float = 0.0):
@@ -95,14 +104,26 @@ class DraftModelProposer(Proposer):
         return self.vocab.map_ids(token_ids) if self.vocab is not None else list(token_ids)
 
     def check(self, request: ProposalRequest) -> None:
-        """Raise InvalidInputError for token ids outside the draft's vocabulary (the target's, for a pruned one) or
-        more of them than the draft LM's positions."""
-        self.lm.check(self._draft_ids(request.token_ids), 1)
+        """Raise InvalidInputError (naming ``token_ids``) for token ids outside the draft's vocabulary (the target's,
+        for a pruned one). A sequence longer than the draft LM's positions is not refused: it drafts fewer tokens, or
+        none (:meth:`room`)."""
+        ids = self._draft_ids(request.token_ids)  # a pruned vocabulary refuses ids outside the target's itself
+        if ids and (min(ids) < 0 or max(ids) >= self.lm.vocab_size):
+            raise InvalidInputError("token_ids", f"token ids must lie in [0, {self.lm.vocab_size}), got "
+                                                 f"{min(ids)}..{max(ids)}")
+
+    def room(self, request: ProposalRequest) -> int:
+        """How many drafts ``request`` may get: its k, capped at the draft model's free positions
+        (``max_position_embeddings`` - len(token_ids), at least 0; no cap when the model records no bound)."""
+        limit = self.lm.max_positions
+        return request.k if not limit else max(0, min(request.k, limit - len(request.token_ids)))
 
     def propose(self, requests: list[ProposalRequest]) -> list[Proposal]:
-        """Sample each request's drafts (argmax when greedy; noise keyed by (seed, step, position)) until k, or until
-        the draft is unsure (``min_token_prob``): each draft position is one batched forward over the sequences that
-        still draft (:meth:`CachedCausalLM.logits_batch`).
+        """Sample each request's drafts (argmax when greedy; seeded sampled requests race the target's coupled noise
+        at each absolute position, others draw noise keyed by (seed, step, slot)) until k (capped by :meth:`room`:
+        a sequence past the draft's positions drafts nothing, the others as before), or until the draft is unsure
+        (``min_token_prob``): each draft position is one batched forward over the sequences that still draft
+        (:meth:`CachedCausalLM.logits_batch`).
 
         Returns:
             per request, draft_token_ids [k'] int64 and draft_probs [k', V] float32 on the draft's device (the same as
@@ -112,12 +133,13 @@ class DraftModelProposer(Proposer):
             ValueError: a token id outside the draft's vocabulary, or a repeated seq_id.
         """
         vocab = self.vocab
-        ids = [self._draft_ids(r.token_ids) for r in requests]
+        ks = [self.room(r) for r in requests]
+        ids = [self._draft_ids(r.token_ids) if k > 0 else [] for r, k in zip(requests, ks)]
         drafts: list[list[int]] = [[] for _ in requests]
         rows: list[list[torch.Tensor]] = [[] for _ in requests]
         running, score = [1.0] * len(requests), [0.0] * len(requests)
-        active = [j for j, r in enumerate(requests) if r.k > 0]
-        for i in range(max((r.k for r in requests), default=0)):
+        active = [j for j, k in enumerate(ks) if k > 0]
+        for i in range(max(ks, default=0)):
             logits = self.lm.logits_batch([(requests[j].seq_id, ids[j], 1) for j in active])
             still = []
             for j, lg in zip(active, logits):
@@ -125,7 +147,8 @@ class DraftModelProposer(Proposer):
                 if vocab is not None:
                     lg = lg[: vocab.unk_index]  # never propose the "outside the set" row
                 tok, probs = draft_token(lg, requests[j], NoisePurpose.DRAFT_LM, i, drafts[j],
-                                         None if vocab is None else vocab.token_ids, self.grammar)
+                                         None if vocab is None else vocab.token_ids, self.grammar,
+                                         None if vocab is None else vocab.target_vocab_size)
                 if not confident(running[j], probs, self.min_token_prob):
                     continue
                 running[j] *= float(probs[tok])
@@ -135,7 +158,7 @@ class DraftModelProposer(Proposer):
                     probs, tok = vocab.scatter(probs), int(vocab.token_ids[tok])
                 drafts[j].append(tok)
                 rows[j].append(probs.float())
-                if len(drafts[j]) < requests[j].k and running[j] >= self.min_token_prob:  # else no next slot passes
+                if len(drafts[j]) < ks[j] and running[j] >= self.min_token_prob:  # else no next slot passes
                     still.append(j)
             active = still
             if not active:
@@ -148,6 +171,12 @@ class DraftModelProposer(Proposer):
         self.lm.release(seq_id)
 
     def gauges(self) -> dict[str, float]:
-        """The draft LM's KV caches: sequences and tokens held."""
-        return {"spec_decode_draft_kv_cache_sequences": len(self.lm),
-                "spec_decode_draft_kv_cache_tokens": self.lm.cached_tokens()}
+        """The draft LM's KV caches: sequences and tokens held, positions allocated against the budget, prefix
+        caching's hit rate and reused tokens."""
+        lm, stats = self.lm, self.lm.prefix_stats
+        return {"spec_decode_draft_kv_cache_sequences": len(lm),
+                "spec_decode_draft_kv_cache_tokens": lm.cached_tokens(),
+                "spec_decode_draft_kv_cache_allocated_tokens": lm.allocated_tokens(),
+                "spec_decode_draft_kv_cache_max_tokens": lm.max_tokens,
+                "spec_decode_draft_prefix_cache_hit_rate": stats.hits / max(1, stats.queries),
+                "spec_decode_draft_prefix_cache_reused_tokens": stats.reused_tokens}

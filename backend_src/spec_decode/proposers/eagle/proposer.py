@@ -59,8 +59,8 @@ class EagleProposer(Proposer):
     states yet) gets no drafts.
 
     A round's sequences share each forward: their new pairs' projections and MLP run as one packed batch, each
-    attends over its own context. k is capped by nothing but the request; a step stops drafting at the first slot
-    where (the product of its drafts' probabilities so far) x (the slot's top probability) falls below
+    attends over its own context. k is capped by the target's positions (:meth:`room`); a step stops drafting at the
+    first slot where (the product of its drafts' probabilities so far) x (the slot's top probability) falls below
     ``min_token_prob``: the rule reads the distributions, never the sampled token, so rejection sampling stays exact.
     A proposal's score is the sum of its drafts' running probabilities, the head's own estimate of the accepted count
     (what hybrid compares with the suffix score).
@@ -110,17 +110,13 @@ class EagleProposer(Proposer):
                    settings.eagle_min_token_prob, settings.max_sequences)
 
     def check(self, request: ProposalRequest) -> None:
-        """A request's ids plus its k drafts must fit in the target's positions; its hidden states must be [m, H] with
-        H the target's hidden size, m below the number of committed ids (they are the states of the positions before
-        the last one), and finite.
+        """A request's hidden states must be [m, H] with H the target's hidden size, m below the number of committed
+        ids (they are the states of the positions before the last one), and finite. A sequence whose drafts would
+        pass the target's positions is not refused: it drafts fewer, or none (:meth:`room`).
 
         Raises:
-            InvalidInputError: naming ``token_ids`` or ``context_hidden_states``.
+            InvalidInputError: naming ``context_hidden_states``.
         """
-        limit = self.model.max_positions
-        if limit and len(request.token_ids) + request.k > limit:
-            raise InvalidInputError("token_ids", f"{len(request.token_ids)} tokens and {request.k} drafts; the target "
-                                    f"(and its EAGLE head) takes at most {limit} positions")
         h = request.hidden_states
         if h is None or not len(h):
             return
@@ -131,6 +127,13 @@ class EagleProposer(Proposer):
                                     f"{list(h.shape)}")
         if not torch.isfinite(h).all():
             raise InvalidInputError("context_hidden_states", "must be finite")
+
+    def room(self, request: ProposalRequest) -> int:
+        """How many drafts ``request`` may get: its k, capped at the positions the target (and the head's rotary
+        positions, trained up to the target's ``max_position_embeddings``) has left: max_positions - len(token_ids),
+        at least 0; no cap when the head's config records no bound."""
+        limit = self.model.max_positions
+        return request.k if not limit else max(0, min(request.k, limit - len(request.token_ids)))
 
     def _forward(self, rows: list[tuple[EagleContext, torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
         """The layer over new pairs of several contexts (packed), each attending to its first ``length`` pairs and
@@ -178,7 +181,9 @@ class EagleProposer(Proposer):
             (their indices in ``requests``, their contexts, [B, H] the outputs of their last pairs, which draft
             x_{n+1}; None when no request brings states).
         """
-        live = [j for j, r in enumerate(requests) if r.hidden_states is not None and len(r.hidden_states)]
+        limit = self.model.max_positions  # a sequence at the target's last position never drafts again: skip it
+        live = [j for j, r in enumerate(requests)
+                if r.hidden_states is not None and len(r.hidden_states) and not (limit and len(r.token_ids) >= limit)]
         if not live:
             return [], [], None
         ctxs = [self._contexts.get(requests[j].seq_id, EagleContext) for j in live]
@@ -197,10 +202,13 @@ class EagleProposer(Proposer):
 
     @torch.inference_mode()
     def propose(self, requests: list[ProposalRequest]) -> list[Proposal]:
-        """Per request with hidden states, up to k drafts; draft_probs [k', V] float32 (the request's sampling
-        transforms over the kept tokens, scattered back); score the sum of the drafts' running probabilities."""
+        """Per request with hidden states, up to k drafts (capped by :meth:`room`; seeded sampled requests race the
+        target's coupled noise at each absolute position, :func:`~spec_decode.proposers.base.draft_token`);
+        draft_probs [k', V] float32 (the request's sampling transforms over the kept tokens, scattered back); score
+        the sum of the drafts' running probabilities."""
         vocab = self.vocab
-        live, ctxs, state = self._take_in(requests)
+        ks = [self.room(r) for r in requests]
+        live, ctxs, state = self._take_in(requests)  # only sequences with room: ks[j] >= 1 for each
         drafts: list[list[int]] = [[] for _ in requests]
         rows: list[list[torch.Tensor]] = [[] for _ in requests]
         score = [0.0] * len(requests)
@@ -208,20 +216,20 @@ class EagleProposer(Proposer):
             assert state is not None  # _take_in returns states for every live request
             touched = list(zip(live, ctxs))
             running = [1.0] * len(live)  # the product of the row's drafts' probabilities so far
-            for i in range(max(requests[j].k for j in live)):
+            for i in range(max(ks[j] for j in live)):
                 logits = self.model.logits(state)
                 keep, tokens = [], []
                 for row, j in enumerate(live):
                     r = requests[j]
                     tok, probs = draft_token(logits[row], r, NoisePurpose.EAGLE, i, drafts[j], vocab.token_ids,
-                                             self.grammar)
+                                             self.grammar, vocab.target_vocab_size)
                     if not confident(running[row], probs, self.min_token_prob):
                         continue
                     running[row] *= float(probs[tok])
                     drafts[j].append(int(vocab.token_ids[tok]))
                     rows[j].append(vocab.scatter(probs))
                     score[j] += running[row]
-                    if len(drafts[j]) < r.k and running[row] >= self.min_token_prob:  # else no next slot can pass
+                    if len(drafts[j]) < ks[j] and running[row] >= self.min_token_prob:  # else no next slot can pass
                         keep.append(row)
                         tokens.append(tok)
                 if not keep:

@@ -2,9 +2,9 @@
 Inference's ``SuffixDecodingCache``).
 
 Each active request has a suffix tree over its prompt and response so far; one global tree holds earlier responses
-(FIFO eviction past ``max_cached_requests``). A draft continues a match of the context's end in either tree, following
-the most frequent continuation while its running probability stays at or above ``min_token_prob``; the match whose
-draft has the best score (expected accepted tokens) wins.
+(FIFO eviction past ``max_cached_requests`` responses or ``max_cached_tokens`` tokens). A draft continues a match of
+the context's end in either tree, following the most frequent continuation while its running probability stays at or
+above ``min_token_prob``; the match whose draft has the best score (expected accepted tokens) wins.
 
 - :mod:`.tree`: the pure-Python suffix trie and the speculation over it (the reference semantics).
 - :mod:`.cache`: :class:`SuffixCache`, the per-request trees and the global tree, on Arctic's C++ tree or the trie.

@@ -103,24 +103,35 @@ class SuffixCache:
     """Suffix decoding's trees (the API of Arctic Inference's ``SuffixDecodingCache``) on either engine.
 
     Each active request has a tree over its prompt and response so far; a response joins the global tree when its
-    request stops, and the oldest responses leave it past ``max_cached_requests`` (FIFO). Unlike Arctic's own cache,
-    which inserts a response into the global tree while it is generated, the global tree never holds the request's
-    current occurrence of its context, so an exact repeat of an earlier response is drafted with probability 1 per
-    token (score = k) instead of 1/2, which hybrid's "score >= k" rule needs.
+    request stops, after the oldest responses have left it (FIFO) until it fits both bounds: at most
+    ``max_cached_requests`` responses and, when ``max_cached_tokens`` > 0, at most ``max_cached_tokens`` tokens (the
+    global tree's memory grows with its tokens, so the token budget bounds it whatever the responses' lengths). A
+    response longer than the whole token budget joins truncated to its last ``max_cached_tokens`` tokens (the most
+    recent text), alone in the tree. Unlike Arctic's own cache, which inserts a response into the global tree while it
+    is generated, the global tree never holds the request's current occurrence of its context, so an exact repeat of
+    an earlier response is drafted with probability 1 per token (score = k) instead of 1/2, which hybrid's
+    "score >= k" rule needs.
 
     Args:
         engine: "python" (:class:`SuffixTree`) or "arctic" (Arctic's C++ tree).
         max_tree_depth: longest stored substring (>= 1).
         max_cached_requests: responses kept in the global tree; 0 disables it.
+        max_cached_tokens: tokens kept in the global tree (>= 0; 0 = no token bound); :meth:`cached_tokens` never
+            exceeds it after a call returns.
 
     Raises:
-        ValueError: (methods) starting an active request again, or using a request that is not active.
+        ValueError: ``max_cached_tokens`` < 0; (methods) starting an active request again, or using a request that is
+            not active.
     """
 
-    def __init__(self, engine: str, max_tree_depth: int = 64, max_cached_requests: int = 10000):
+    def __init__(self, engine: str, max_tree_depth: int = 64, max_cached_requests: int = 10000,
+                 max_cached_tokens: int = 0):
+        if max_cached_tokens < 0:
+            raise ValueError(f"max_cached_tokens must be >= 0 (0 = no token bound), got {max_cached_tokens}")
         self.engine: _Engine = _ArcticEngine(max_tree_depth) if engine == "arctic" else _PythonEngine(max_tree_depth)
         self.max_tree_depth = max_tree_depth
         self.max_cached_requests = max_cached_requests
+        self.max_cached_tokens = max_cached_tokens
         self.global_tree = self.engine.new_tree()
         self._local: dict[Hashable, tuple[Any, list[int]]] = {}  # req_id -> (tree over prompt + response, response)
         self._cached: OrderedDict[int, array] = OrderedDict()  # global seq id -> response tokens, oldest first
@@ -133,7 +144,7 @@ class SuffixCache:
         return len(self._cached)
 
     def cached_tokens(self) -> int:
-        """Tokens in the global tree (its memory grows with them)."""
+        """Tokens in the global tree (its memory grows with them); at most ``max_cached_tokens`` when that is > 0."""
         return self._cached_token_count
 
     def start_request(self, req_id, prompt_token_ids) -> None:
@@ -154,21 +165,31 @@ class SuffixCache:
         response.extend(tokens)
 
     def stop_request(self, req_id) -> None:
-        """End a request: its tree is freed and its response joins the global tree (oldest evicted past the bound)."""
+        """End a request: its tree is freed and its response joins the global tree, after the oldest responses have
+        left it until the response fits ``max_cached_requests`` and ``max_cached_tokens`` (a response longer than the
+        token budget: its last ``max_cached_tokens`` tokens). Evicting first keeps the tree's peak within the bounds.
+
+        Raises:
+            ValueError: ``req_id`` is not active.
+        """
         if req_id not in self._local:
             raise ValueError(f"Request '{req_id}' is not active")
         _, response = self._local.pop(req_id)
         if self.max_cached_requests <= 0 or not response:
             return
+        budget = self.max_cached_tokens
+        if budget > 0 and len(response) > budget:
+            response = response[-budget:]
         gid = self._next_global_id
         self._next_global_id = (gid + 1) & 0x7FFFFFFF  # the C++ tree keys sequences by int32
         if gid in self._cached:
             self._evict(gid, self._cached.pop(gid))
+        while self._cached and (len(self._cached) >= self.max_cached_requests
+                                or (budget > 0 and self._cached_token_count + len(response) > budget)):
+            self._evict(*self._cached.popitem(last=False))
         self.engine.add(self.global_tree, gid, response)
         self._cached[gid] = array("i", response)  # 4 bytes per token (the python engine needs them to remove)
         self._cached_token_count += len(response)
-        while len(self._cached) > self.max_cached_requests:
-            self._evict(*self._cached.popitem(last=False))
 
     def _evict(self, gid, tokens) -> None:
         self.engine.remove(self.global_tree, gid, tokens)
@@ -211,14 +232,15 @@ def arctic_available() -> bool:
 BACKENDS = ("auto", "arctic", "python")  # suffix_backend's values
 
 
-def make_cache(backend: str, max_tree_depth: int, max_cached_requests: int) -> SuffixCache:
+def make_cache(backend: str, max_tree_depth: int, max_cached_requests: int, max_cached_tokens: int = 0) -> SuffixCache:
     """The suffix decoding cache on ``backend``'s trees: one of :data:`BACKENDS` (as
-    :class:`~.proposer.SuffixSettings` checks it), "auto" = arctic when importable, else python.
+    :class:`~.proposer.SuffixSettings` checks it), "auto" = arctic when importable, else python; the other arguments
+    are :class:`SuffixCache`'s.
 
     Raises:
-        ValueError: "arctic" requested but not installed (run scripts/build_suffix_tree.sh).
+        ValueError: "arctic" requested but not installed (run scripts/build_suffix_tree.sh); ``max_cached_tokens`` < 0.
     """
     if backend == "arctic" and not arctic_available():
         raise ValueError("suffix backend 'arctic' is not installed: run scripts/build_suffix_tree.sh")
     engine = "arctic" if backend in ("auto", "arctic") and arctic_available() else "python"
-    return SuffixCache(engine, max_tree_depth, max_cached_requests)
+    return SuffixCache(engine, max_tree_depth, max_cached_requests, max_cached_tokens)

@@ -11,7 +11,6 @@ import math
 from dataclasses import dataclass
 
 from ...engine.lru import SequenceLRU
-from ...sampling import SamplingParams
 from ...settings import ConfigSettings, InvalidInputError, in_range
 from ..base import Proposal, ProposalRequest, Proposer
 from .cache import BACKENDS, SuffixDraft, make_cache
@@ -26,6 +25,8 @@ class SuffixSettings(ConfigSettings):
     Attributes:
         max_tree_depth: longest stored substring, >= 1.
         max_cached_requests: responses kept in the global tree (FIFO), >= 0; 0 disables it.
+        max_cached_tokens: tokens kept in the global tree (FIFO by whole responses; a longer response keeps its last
+            ones), >= 0; 0 = no token bound. It bounds the global tree's memory (bytes per token: docs/benchmarks.md).
         max_spec_factor, max_spec_offset: a match of m tokens proposes at most floor(m * factor + offset) tokens.
         min_token_prob: stop drafting below this running probability, in [0, 1].
         backend: ``auto`` (Arctic's C++ tree when installed, else the Python trie), ``arctic`` or ``python``
@@ -35,6 +36,7 @@ class SuffixSettings(ConfigSettings):
     PREFIX = "suffix_"
     max_tree_depth: int = 64
     max_cached_requests: int = 10000
+    max_cached_tokens: int = 1000000
     max_spec_factor: float = 1.0
     max_spec_offset: float = 0.0
     min_token_prob: float = 0.1
@@ -44,6 +46,7 @@ class SuffixSettings(ConfigSettings):
         """Each field in its range (see Attributes); backend one of :data:`~.cache.BACKENDS`."""
         in_range("max_tree_depth", self.max_tree_depth, 1)
         in_range("max_cached_requests", self.max_cached_requests, 0)
+        in_range("max_cached_tokens", self.max_cached_tokens, 0)
         in_range("max_spec_factor", self.max_spec_factor, 0.0)
         if not math.isfinite(self.max_spec_offset):
             raise InvalidInputError("max_spec_offset", f"must be a finite number, got {self.max_spec_offset}")
@@ -72,19 +75,20 @@ class SuffixProposer(Proposer):
         "spec_decode_suffix_active_requests": "Requests with a suffix tree of their own (suffix, hybrid)",
         "spec_decode_suffix_cached_responses": "Responses in the suffix decoding global tree",
         "spec_decode_suffix_cached_tokens": "Tokens in the suffix decoding global tree",
+        "spec_decode_suffix_max_cached_tokens": "Token budget of the suffix decoding global tree (0 = none)",
     }
 
     def __init__(self, settings: SuffixSettings | None = None, max_active: int = 256):
         s = settings or SuffixSettings()
         self.settings = s
-        self.cache = make_cache(s.backend, s.max_tree_depth, s.max_cached_requests)
+        self.cache = make_cache(s.backend, s.max_tree_depth, s.max_cached_requests, s.max_cached_tokens)
         self.backend = self.cache.engine.name
         # seq_id -> the ids the cache has seen; an evicted sequence's tree is stopped (its response joins the global)
         self._ids: SequenceLRU[list[int]] = SequenceLRU(max_active, lambda sid, _: self.cache.stop_request(sid))
         if self.backend == "python" and s.max_cached_requests > 256:
             logger.warning("suffix decoding uses the pure-Python trie (Arctic's C++ tree is not built: run "
-                           "scripts/build_suffix_tree.sh); suffix_max_cached_requests=%d may need many GB of memory",
-                           s.max_cached_requests)
+                           "scripts/build_suffix_tree.sh); suffix_max_cached_requests=%d with suffix_max_cached_tokens="
+                           "%d may need many GB of memory", s.max_cached_requests, s.max_cached_tokens)
 
     def _sync(self, seq_id: int, token_ids: list[int]) -> None:
         known = self._ids.peek(seq_id)
@@ -116,25 +120,18 @@ class SuffixProposer(Proposer):
         return self.cache.speculate(seq_id, token_ids, k, s.max_spec_factor, s.max_spec_offset, s.min_token_prob,
                                     use_global)
 
-    @staticmethod
-    def uses_global_tree(params: SamplingParams | None) -> bool:
-        """Whether a request's drafts may come from earlier responses: not for seeded sampling, whose output must be a
-        function of the request alone (drafts change which tokens rejection sampling emits, though never their
-        distribution); greedy output is the target's argmax walk whatever the drafts."""
-        return params is None or params.is_greedy or not params.seeded
-
     def propose(self, requests: list[ProposalRequest]) -> list[Proposal]:
         """Per request, up to ``k`` draft tokens from suffix matching, without draft probabilities, with their score
         (the expected number of accepted tokens; 0 when nothing matched)."""
         out = []
         for r in requests:
-            draft = self.speculate(r.seq_id, r.token_ids, r.k, self.uses_global_tree(r.params))
+            draft = self.speculate(r.seq_id, r.token_ids, r.k)
             out.append(Proposal.of(draft.token_ids, draft.score))
         return out
 
     def release(self, seq_id: int, final_token_ids: list[int] | None = None) -> None:
         """End of a sequence: its tree is freed and its response (up to ``final_token_ids`` when given) joins the
-        global tree (FIFO-bounded)."""
+        global tree (FIFO-bounded in responses and tokens: :class:`~.cache.SuffixCache`)."""
         if final_token_ids is not None and seq_id in self._ids:
             self._sync(seq_id, [int(t) for t in final_token_ids])
         if self._ids.pop(seq_id) is not None:
@@ -145,7 +142,8 @@ class SuffixProposer(Proposer):
         return len(self._ids)
 
     def gauges(self) -> dict[str, float]:
-        """Per-request trees held, and the responses and tokens in the global tree."""
+        """Per-request trees held, the responses and tokens in the global tree, and its token budget (0 = none)."""
         return {"spec_decode_suffix_active_requests": len(self._ids),
                 "spec_decode_suffix_cached_responses": self.cache.cached_requests,
-                "spec_decode_suffix_cached_tokens": self.cache.cached_tokens()}
+                "spec_decode_suffix_cached_tokens": self.cache.cached_tokens(),
+                "spec_decode_suffix_max_cached_tokens": self.cache.max_cached_tokens}

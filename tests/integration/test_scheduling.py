@@ -1,0 +1,87 @@
+"""Scheduling through the real server (fixture ``server``: generate's default ``max_num_batched_tokens`` and the
+target's prefix caching): a long prompt is prefilled in chunks while a running stream keeps streaming, and its greedy
+tokens are the target's own; a prompt that repeats a long prefix reuses the target's cached blocks (the metrics show
+the hit and the reused tokens) and its output is the target's, alone and under concurrency."""
+
+import inspect
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from client.datasets import humaneval_prompts
+from client.generate import stream_generate
+from client.metrics import scrape, value
+
+
+def _source_text(n_chars: int, skip: int = 0) -> str:
+    """Python standard-library source (it ships with every Python), ``n_chars`` characters from ``skip`` on."""
+    return inspect.getsource(inspect)[skip : skip + n_chars]
+
+
+def _greedy(real_model, real_tokenizer, prompt: str, n: int) -> list[int]:
+    ids = real_tokenizer(prompt, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        out = real_model.generate(ids, max_new_tokens=n, do_sample=False)[0, ids.shape[1]:].tolist()
+    eos = real_tokenizer.eos_token_id
+    return out[: out.index(eos)] if eos in out else out
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_while_a_stream_keeps_streaming(server, real_model, real_tokenizer):
+    """A running stream gets responses while a ~1,300-token prompt is prefilled (in one piece it would get none in
+    that window); the long prompt's greedy tokens equal the target's own."""
+    long_prompt = _source_text(4200, skip=1000) + "\n\ndef "
+    n_long = len(real_tokenizer(long_prompt)["input_ids"])
+    assert n_long >= 1100
+    arrivals: list[float] = []
+    started = threading.Event()
+
+    def on_text(_text):
+        arrivals.append(time.perf_counter())
+        if len(arrivals) >= 3:
+            started.set()
+
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(stream_generate, server.grpc_url, humaneval_prompts(1)[0], 160, on_text=on_text,
+                              speculative_method="none", ignore_eos=True)
+        assert started.wait(120)
+        sent = time.perf_counter()
+        r = stream_generate(server.grpc_url, long_prompt, 6, speculative_method="suffix")
+        first_token = sent + r.ttft_s
+        stream = running.result(timeout=600)
+    during = [t for t in arrivals if sent < t < first_token]
+    assert len(stream.output_ids) == 160
+    assert len(during) >= 2, (f"the running stream got {len(during)} responses during the {r.ttft_s:.2f} s prefill "
+                              f"of {n_long} tokens")
+    assert r.output_ids == _greedy(real_model, real_tokenizer, long_prompt, 6)
+
+
+def test_a_repeated_long_prefix_is_reused_with_the_target_s_output(server, real_model, real_tokenizer):
+    """Three prompts sharing a >= 1,000-token prefix: the first computes it, the other two (sent concurrently)
+    reuse its blocks; the metrics count the hits and reused tokens; every output is the target's own greedy one."""
+    prefix = _source_text(5000, skip=9000)
+    prompts = [prefix + f"\n\n# Task {i}: write a function that returns {i} squared.\ndef " for i in range(3)]
+    assert len(real_tokenizer(prefix)["input_ids"]) >= 1000
+    before = scrape(server.metrics_url)
+    first = stream_generate(server.grpc_url, prompts[0], 8, speculative_method="none")
+    with ThreadPoolExecutor(2) as pool:
+        others = list(pool.map(lambda p: stream_generate(server.grpc_url, p, 8, speculative_method="suffix"),
+                               prompts[1:]))
+    deadline = time.time() + 30
+    while True:  # the export can lag the responses
+        after = scrape(server.metrics_url)
+        hits = (value(after, "spec_decode_target_prefix_cache_hits_total")
+                - value(before, "spec_decode_target_prefix_cache_hits_total"))
+        reused = (value(after, "spec_decode_target_prefix_cache_reused_tokens_total")
+                  - value(before, "spec_decode_target_prefix_cache_reused_tokens_total"))
+        if (hits >= 2 and reused >= 1800) or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    assert hits >= 2 and reused >= 1800, (hits, reused)
+    assert 0 < value(after, "spec_decode_target_prefix_cache_hit_rate") <= 1
+    assert value(after, "spec_decode_target_kv_cache_max_tokens") > 0
+    assert value(after, "spec_decode_target_kv_cache_allocated_tokens") <= value(
+        after, "spec_decode_target_kv_cache_max_tokens")
+    for prompt, r in zip(prompts, [first, *others]):
+        assert r.output_ids == _greedy(real_model, real_tokenizer, prompt, 8)
