@@ -410,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--long-tokens", type=int, default=1600, help="the long prompt's tokens (>= 1,500 for the goal)")
     ap.add_argument("--prefix-tokens", type=int, default=1200, help="part 2's shared prefix (>= 1,000 for the goal)")
     ap.add_argument("--max-tokens", type=int, default=8, help="the long prompts' and part 2's max_tokens")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=0,
+                    help="the chunked server's budget (0: the configured default)")
     ap.add_argument("--output", type=Path, default=Path("results/scheduling.json"))
     args = ap.parse_args(argv)
 
@@ -429,9 +431,11 @@ def main(argv: list[str] | None = None) -> int:
         return text
 
     cache_off = {m: {k: "false"} for m, k in CACHE_PARAMS}
+    budget = args.max_num_batched_tokens
+    chunked = {CHUNK_PARAM[0]: {CHUNK_PARAM[1]: str(budget)}} if budget > 0 else {}
     servers = [  # tag, overrides, parts
         ("unchunked", {CHUNK_PARAM[0]: {CHUNK_PARAM[1]: "0"}} | cache_off, ("mixed",)),
-        ("chunked", cache_off, ("mixed", "cache_off")),
+        ("chunked", cache_off | chunked, ("mixed", "cache_off")),
         ("cache_on", {m: {k: "true"} for m, k in CACHE_PARAMS}, ("cache_on",)),
     ]
     mixed: dict[str, dict] = {}

@@ -287,7 +287,7 @@ class GenerateSettings(ConfigSettings):
     num_draft_tokens_schedule: str = "constant"
     disable_by_batch_size: int = 0
     step_round_max_wait_ms: float = 20.0
-    max_num_batched_tokens: int = 256
+    max_num_batched_tokens: int = 192
 
     def check(self) -> None:
         """max_num_draft_tokens >= 1, num_draft_tokens in [0, max_num_draft_tokens], max_model_len >= 2, the two
