@@ -69,3 +69,23 @@ def assert_cut_by_rule(every, cut, running, confidence, t, **close) -> list:
             torch.testing.assert_close(q.draft_probs, p.draft_probs[:n], **close)
             assert q.score == pytest.approx(float(run[:n].sum()), rel=1e-4)
     return lengths
+
+
+def random_dist(gen, *shape, sharp=1.0):
+    """Random probability rows [*shape] (softmax of sharp x normal noise from the torch generator ``gen``)."""
+    import torch
+
+    return torch.softmax(torch.randn(*shape, generator=gen) * sharp, dim=-1)
+
+
+def assert_token_law(col, expected, v, label):
+    """Chi-square of the tokens ``col`` against ``expected`` [V] (zero entries: the token must never appear);
+    fails below p = 1e-3."""
+    from scipy.stats import chisquare
+
+    counts = np.bincount(col, minlength=v)
+    expected = np.asarray(expected, dtype=np.float64)
+    zero = expected <= 0
+    assert counts[zero].sum() == 0, (label, counts, expected)
+    _, pvalue = chisquare(counts[~zero], expected[~zero] / expected[~zero].sum() * len(col))
+    assert pvalue > 1e-3, (label, counts, expected)

@@ -48,6 +48,15 @@ def _expected_kept(lengths: list[int], budget: int, max_requests: int) -> list[i
     return sorted(kept)
 
 
+
+def _finish(cache, lengths):
+    """Requests 0, 1, ... each with a one-token prompt and a response of ``lengths[r]`` tokens, stopped in order (the
+    responses join the global tree)."""
+    for r, n in enumerate(lengths):
+        cache.start_request(r, [1])
+        cache.add_active_response(r, _response(r, n))
+        cache.stop_request(r)
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cached_tokens_stay_within_the_budget_and_the_oldest_leave_first(backend):
     _skip_unbuilt(backend)
@@ -78,10 +87,7 @@ def test_cached_tokens_stay_within_the_budget_and_the_oldest_leave_first(backend
 def test_the_request_count_still_bounds_the_tree_beside_the_budget(backend):
     _skip_unbuilt(backend)
     cache = SuffixCache(backend, 16, max_cached_requests=3, max_cached_tokens=1000)
-    for r in range(6):
-        cache.start_request(r, [1])
-        cache.add_active_response(r, _response(r, 10))
-        cache.stop_request(r)
+    _finish(cache, [10] * 6)
     assert cache.cached_requests == 3 and cache.cached_tokens() == 30
     assert [_cached(cache, 100 + r, _response(r, 10)) for r in range(6)] == [False] * 3 + [True] * 3
 
@@ -90,10 +96,7 @@ def test_the_request_count_still_bounds_the_tree_beside_the_budget(backend):
 def test_a_response_longer_than_the_budget_keeps_its_last_tokens_alone(backend):
     _skip_unbuilt(backend)
     cache = SuffixCache(backend, 16, max_cached_requests=100, max_cached_tokens=20)
-    for r, n in enumerate([8, 8, 50]):
-        cache.start_request(r, [1])
-        cache.add_active_response(r, _response(r, n))
-        cache.stop_request(r)
+    _finish(cache, [8, 8, 50])
     assert cache.cached_requests == 1 and cache.cached_tokens() == 20
     long = _response(2, 50)
     assert not _cached(cache, 100, long)  # its first 30 tokens were dropped
@@ -105,10 +108,7 @@ def test_a_response_longer_than_the_budget_keeps_its_last_tokens_alone(backend):
 def test_no_token_bound_keeps_every_response(backend):
     _skip_unbuilt(backend)
     cache = SuffixCache(backend, 16, max_cached_requests=100, max_cached_tokens=0)
-    for r in range(20):
-        cache.start_request(r, [1])
-        cache.add_active_response(r, _response(r, 30))
-        cache.stop_request(r)
+    _finish(cache, [30] * 20)
     assert cache.cached_requests == 20 and cache.cached_tokens() == 600
     with pytest.raises(ValueError, match="max_cached_tokens"):
         SuffixCache(backend, 16, 100, -1)

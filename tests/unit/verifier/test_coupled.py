@@ -4,27 +4,13 @@ follows the target's law whatever the drafts, and a seed's tokens do not depend 
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from spec_decode.proposers import ProposalRequest
 from spec_decode.proposers.base import draft_token
 from spec_decode.sampling import NoisePurpose, SamplingParams, coupled_exponentials, coupled_seed, race
 from spec_decode.verifier import Verifier, VerifierRow, VerifierSettings
 from spec_decode.verifier.rejection import _torch_noise, coupled_sample
-
-
-def _dist(gen, *shape, sharp=1.0):
-    return torch.softmax(torch.randn(*shape, generator=gen) * sharp, dim=-1)
-
-
-def _assert_law(col, expected, v, label):
-    """Chi-square of the tokens ``col`` against ``expected`` [V] (zero entries: the token must never appear)."""
-    counts = np.bincount(col, minlength=v)
-    expected = np.asarray(expected, dtype=np.float64)
-    zero = expected <= 0
-    assert counts[zero].sum() == 0, (label, counts, expected)
-    _, pvalue = chisquare(counts[~zero], expected[~zero] / expected[~zero].sum() * len(col))
-    assert pvalue > 1e-3, (label, counts, expected)
+from tests.helpers import assert_token_law, random_dist
 
 
 def _coupled_drafts(p, seeds, positions):
@@ -45,8 +31,8 @@ def test_output_distribution_equals_target(k, draft):
     raced with the target's own noise (then all are accepted)."""
     g = torch.Generator().manual_seed(200 + k)
     v, n = 6, 8000
-    p1 = _dist(g, 1, k + 1, v, sharp=1.2)
-    q1 = _dist(g, 1, k, v, sharp=1.2)
+    p1 = random_dist(g, 1, k + 1, v, sharp=1.2)
+    q1 = random_dist(g, 1, k, v, sharp=1.2)
     if draft == "target_truncated":
         fav = q1[0].mean(0).topk(2).indices
         p1[..., fav] = 0.0
@@ -65,22 +51,22 @@ def test_output_distribution_equals_target(k, draft):
     for j in range(k + 1):
         col = out[:, j][out[:, j] >= 0].numpy()
         if len(col) >= 500:
-            _assert_law(col, p1[0, j].double().numpy(), v, (draft, j))
+            assert_token_law(col, p1[0, j].double().numpy(), v, (draft, j))
 
 
 def test_kernel_output_distribution_equals_target_with_philox_noise():
     """The same chi-square on the Triton path (in-kernel Philox noise, under TRITON_INTERPRET=1 in the tests)."""
     g = torch.Generator().manual_seed(23)
     v, k, n = 5, 1, 400  # the interpreter runs ~25 ms per program: keep n small
-    p1 = _dist(g, 1, k + 1, v, sharp=1.2)
-    q1 = _dist(g, 1, k, v, sharp=1.2)
+    p1 = random_dist(g, 1, k + 1, v, sharp=1.2)
+    q1 = random_dist(g, 1, k, v, sharp=1.2)
     p = p1.expand(n, k + 1, v).contiguous()
     d = torch.multinomial(q1.expand(n, k, v).reshape(-1, v), 1, replacement=True, generator=g).reshape(n, k)
     out = coupled_sample(p, d, seeds=torch.arange(n) * 7919, positions=torch.full((n,), 3), backend="triton")
     for j in range(k + 1):
         col = out[:, j][out[:, j] >= 0].numpy()
         if len(col) >= 200:
-            _assert_law(col, p1[0, j].double().numpy(), v, j)
+            assert_token_law(col, p1[0, j].double().numpy(), v, j)
 
 
 def _reference(p, seed, position, backend):
@@ -97,7 +83,7 @@ def test_a_seed_s_tokens_do_not_depend_on_k_the_drafts_or_the_batch(backend):
     target's own tokens as drafts, and rows batched with others (other seeds, k, greedy, unseeded and typical rows)."""
     g = torch.Generator().manual_seed(5)
     v, kmax, seed, position = 37, 4, 1234, 17
-    p = _dist(g, kmax + 1, v, sharp=2.0)
+    p = random_dist(g, kmax + 1, v, sharp=2.0)
     t = _reference(p, seed, position, backend)
     ver = Verifier(VerifierSettings(backend=backend))
     cases = []
@@ -109,12 +95,12 @@ def test_a_seed_s_tokens_do_not_depend_on_k_the_drafts_or_the_batch(backend):
     others = []
     for i in range(6):
         ko = i % 3 + 1
-        others.append(VerifierRow(_dist(g, ko + 1, v), torch.randint(0, v, (ko,), generator=g),
-                                  _dist(g, ko, v) if i % 2 else None, 50 + i, i, i == 3,
+        others.append(VerifierRow(random_dist(g, ko + 1, v), torch.randint(0, v, (ko,), generator=g),
+                                  random_dist(g, ko, v) if i % 2 else None, 50 + i, i, i == 3,
                                   "typical" if i == 4 else "", 9 + i, i != 5))
     for drafts in cases:
         k = len(drafts)
-        dp = _dist(g, k, v)  # ignored by the coupled race
+        dp = random_dist(g, k, v)  # ignored by the coupled race
         row = VerifierRow(p[: k + 1], drafts, dp, seed, step=k * 3 + 1, greedy=False, position=position, seeded=True)
         alone, _ = ver.verify_batch([row])[0]
         n = len(alone) - 1
@@ -128,7 +114,7 @@ def test_only_seeded_sampled_rejection_rows_are_coupled():
     """Greedy rows, typical acceptance and unseeded rows keep their paths: seeded or not, they give the same tokens."""
     g = torch.Generator().manual_seed(8)
     v, k = 29, 3
-    p = _dist(g, k + 1, v, sharp=2.0)
+    p = random_dist(g, k + 1, v, sharp=2.0)
     drafts = p[:k].argmax(-1)
     ver = Verifier(VerifierSettings(backend="torch"))
     for greedy, method in ((True, ""), (True, "rejection"), (False, "typical")):

@@ -6,20 +6,7 @@ import torch
 from scipy.stats import chisquare
 
 from spec_decode.verifier import rejection_sample, typical_acceptance_sample
-
-
-def _dist(gen, *shape, sharp=1.0):
-    return torch.softmax(torch.randn(*shape, generator=gen) * sharp, dim=-1)
-
-
-def _assert_law(col, expected, v, label):
-    """Chi-square of the tokens ``col`` against ``expected`` [V] (zero entries: the token must never appear)."""
-    counts = np.bincount(col, minlength=v)
-    expected = np.asarray(expected, dtype=np.float64)
-    zero = expected <= 0
-    assert counts[zero].sum() == 0, (label, counts, expected)
-    stat, pvalue = chisquare(counts[~zero], expected[~zero] / expected[~zero].sum() * len(col))
-    assert pvalue > 1e-3, (label, counts, expected)
+from tests.helpers import assert_token_law, random_dist
 
 
 def _zero_where(x, idx):
@@ -41,8 +28,8 @@ def test_output_distribution_equals_target(k, draft):
     two tokens the draft likes (a top-k target: they must never appear); and drafts without probabilities."""
     g = torch.Generator().manual_seed(100 + k)
     v, n = 6, 12000
-    p1 = _dist(g, 1, k + 1, v, sharp=1.2)
-    q1 = _dist(g, 1, k, v, sharp=1.2)
+    p1 = random_dist(g, 1, k + 1, v, sharp=1.2)
+    q1 = random_dist(g, 1, k, v, sharp=1.2)
     if draft == "q_zero_on_target_favourites":
         top2 = p1[0, :k].topk(2, -1).indices  # [k, 2]
         q1 = torch.stack([_zero_where(q1[0, i], top2[i]) for i in range(k)])[None]
@@ -59,7 +46,7 @@ def test_output_distribution_equals_target(k, draft):
     for j in range(k + 1):
         col = out[:, j][out[:, j] >= 0].numpy()
         if len(col) >= 500:
-            _assert_law(col, p1[0, j].double().numpy(), v, (draft, j))
+            assert_token_law(col, p1[0, j].double().numpy(), v, (draft, j))
 
 
 @pytest.mark.parametrize("p_zero_at_draft", [False, True])
@@ -67,22 +54,22 @@ def test_a_draft_with_zero_draft_probability_is_recovered_from_the_residual_law(
     """q(x) = 0: always rejected; the emitted token ~ normalize(max(0, p - q)), which keeps p(x) at x (vLLM)."""
     g = torch.Generator().manual_seed(31 + p_zero_at_draft)
     v, n, x = 7, 12000, 2
-    p1 = _dist(g, 1, 2, v, sharp=1.5)
+    p1 = random_dist(g, 1, 2, v, sharp=1.5)
     if p_zero_at_draft:
         p1 = _zero_where(p1, [x])
-    q1 = _zero_where(_dist(g, 1, 1, v, sharp=1.5), [x])
+    q1 = _zero_where(random_dist(g, 1, 1, v, sharp=1.5), [x])
     out = rejection_sample(p1.expand(n, -1, -1).contiguous(), torch.full((n, 1), x), q1.expand(n, -1, -1).contiguous(),
                            seeds=torch.arange(n) + 50000)
     assert (out[:, 1] == -1).all()  # never accepted
     residual = (p1[0, 0] - q1[0, 0]).clamp_min(0).double().numpy()
-    _assert_law(out[:, 0].numpy(), residual, v, "residual")
+    assert_token_law(out[:, 0].numpy(), residual, v, "residual")
 
 
 def test_convergence_to_target_like_vllm():
     """TV distance between the empirical first-token law and the target shrinks as samples grow (vLLM's test)."""
     g = torch.Generator().manual_seed(7)
     v, k = 10, 2
-    p1, q1 = _dist(g, 1, k + 1, v, sharp=2.0), _dist(g, 1, k, v, sharp=2.0)
+    p1, q1 = random_dist(g, 1, k + 1, v, sharp=2.0), random_dist(g, 1, k, v, sharp=2.0)
     tvs = []
     for n in (200, 2000, 20000):
         p, q = p1.expand(n, k + 1, v).contiguous(), q1.expand(n, k, v).contiguous()
@@ -96,7 +83,7 @@ def test_convergence_to_target_like_vllm():
 @pytest.mark.parametrize("v", [100, 8193, 49152, 151936])
 def test_greedy_rows_follow_argmax_walk(v):
     g = torch.Generator().manual_seed(3)
-    p = _dist(g, 2, 4, v, sharp=3.0)
+    p = random_dist(g, 2, 4, v, sharp=3.0)
     arg = p.argmax(-1)  # [2, 4]
     drafts = arg[:, :3].clone()
     drafts[0, 2] = (arg[0, 2] + 1) % v  # row 0: third draft wrong
@@ -108,7 +95,7 @@ def test_greedy_rows_follow_argmax_walk(v):
 @pytest.mark.parametrize("v", [100, 8193, 49152, 151936])
 def test_p_equals_q_accepts_all_and_gives_no_nan(v):
     g = torch.Generator().manual_seed(4)
-    p = _dist(g, 2, 4, v)
+    p = random_dist(g, 2, 4, v)
     d = torch.stack([torch.multinomial(p[b, :3], 1, generator=g)[:, 0] for b in range(2)])
     out = rejection_sample(p, d, p[:, :3].clone(), seeds=torch.tensor([1, 2]))
     assert (out[:, :3] == d).all() and ((out[:, 3] >= 0) & (out[:, 3] < v)).all()
@@ -122,7 +109,7 @@ def test_placeholder_draft_is_rejected_without_indexing():
 
 def test_seeded_rows_are_reproducible_and_batch_invariant_with_unseeded_rows():
     g = torch.Generator().manual_seed(5)
-    p, q = _dist(g, 3, 5, 30), _dist(g, 3, 4, 30)
+    p, q = random_dist(g, 3, 5, 30), random_dist(g, 3, 4, 30)
     d = torch.randint(0, 30, (3, 4), generator=g)
     a = rejection_sample(p, d, q, seeds=torch.tensor([7, -1, 9]))
     b = rejection_sample(p[2:3], d[2:3], q[2:3], seeds=torch.tensor([9]))
@@ -132,7 +119,7 @@ def test_seeded_rows_are_reproducible_and_batch_invariant_with_unseeded_rows():
 
 def test_half_precision_inputs_are_accepted():
     g = torch.Generator().manual_seed(6)
-    p = _dist(g, 2, 3, 50)
+    p = random_dist(g, 2, 3, 50)
     d = torch.randint(0, 50, (2, 2), generator=g)
     for dt in (torch.bfloat16, torch.float16):
         out = rejection_sample(p.to(dt), d, p[:, :2].to(dt), seeds=torch.tensor([1, 2]))
@@ -188,7 +175,7 @@ def test_typical_one_hot_target_with_wrong_drafts_gives_argmax_then_padding():
 
 def test_typical_zero_thresholds_accept_everything():
     g = torch.Generator().manual_seed(8)
-    p = _dist(g, 3, 5, 64)
+    p = random_dist(g, 3, 5, 64)
     d = torch.randint(0, 64, (3, 4), generator=g)
     out = typical_acceptance_sample(p, d, posterior_threshold=0.0, posterior_alpha=0.0)
     assert torch.equal(out[:, :4], d)
