@@ -1,7 +1,8 @@
 """Scheduling through the real server (fixture ``server``: generate's default ``max_num_batched_tokens`` and the
 target's prefix caching): a long prompt is prefilled in chunks while a running stream keeps streaming, and its greedy
 tokens are the target's own; a prompt that repeats a long prefix reuses the target's cached blocks (the metrics show
-the hit and the reused tokens) and its output is the target's, alone and under concurrency."""
+the hit and the reused tokens) and its output is the target's, alone and under concurrency; a draft LM with fewer
+positions than the target drafts nothing past them, on a server of its own."""
 
 import inspect
 import threading
@@ -85,3 +86,37 @@ def test_a_repeated_long_prefix_is_reused_with_the_target_s_output(server, real_
         after, "spec_decode_target_kv_cache_max_tokens")
     for prompt, r in zip(prompts, [first, *others]):
         assert r.output_ids == _greedy(real_model, real_tokenizer, prompt, 8)
+
+
+def test_a_draft_lm_with_fewer_positions_drafts_nothing_past_them(tmp_path, real_model_dir, real_model,
+                                                                 real_tokenizer):
+    """A draft LM whose config takes 48 positions, served as ``draft``: a sequence drafts while its next positions fit
+    and drafts nothing after (its steps do not fail), a prompt already past them never drafts, and both outputs are
+    the target's own greedy tokens."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from spec_decode.launcher import TritonServer, draft_overrides, prepare_repository
+
+    config = AutoConfig.from_pretrained(real_model_dir)
+    config.num_hidden_layers, config.max_position_embeddings = 1, 48
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "short_draft")
+    overrides = draft_overrides(str(tmp_path / "short_draft"))
+    overrides["draft_model"]["draft_min_token_prob"] = "0"  # a random draft is never confident: draft every slot
+    short = "def add(a, b):\n"
+    long = _source_text(400, skip=2000)
+    assert len(real_tokenizer(short)["input_ids"]) < 40 < len(real_tokenizer(long)["input_ids"]) - 10
+    with TritonServer(prepare_repository(overrides), log_path=tmp_path / "server.log") as srv:
+        srv.wait_ready(timeout=600)
+        grows = stream_generate(srv.grpc_url, short, 48, speculative_method="draft", num_draft_tokens=4,
+                                ignore_eos=True)
+        past = stream_generate(srv.grpc_url, long, 8, speculative_method="draft", num_draft_tokens=4)
+    assert len(grows.output_ids) == 48 and grows.stats["num_draft_tokens_total"] > 0
+    assert grows.stats["num_draft_tokens_total"] < 4 * grows.stats["num_steps"]  # nothing drafted past 48 positions
+    ids = real_tokenizer(short, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        ref = real_model.generate(ids, max_new_tokens=48, do_sample=False, eos_token_id=None,
+                                  pad_token_id=0)[0, ids.shape[1]:].tolist()
+    assert grows.output_ids == ref
+    assert past.stats["num_draft_tokens_total"] == 0
+    assert past.output_ids == _greedy(real_model, real_tokenizer, long, 8)

@@ -87,7 +87,7 @@ class VerifierBackend(BatchedBackend):
         # A seeded row's coupled race is keyed by the absolute position of its first draft: the number of committed
         # ids. Without token_ids (a direct caller of the verifier) the position is unknown: such a row keeps the
         # rejection sampler keyed by (seed, step). ``seeded`` absent counts as seeded (SamplingParams' default;
-        # score_step's rounds do not carry it).
+        # generate sends it in every round).
         has_ids = inputs.get("token_ids") is not None
         position = len(strip_padding(inputs["token_ids"])) if has_ids else 0
         return VerifierRow(tp[: k + 1], drafts.to(tp.device), dp, params.seed, int(scalar(inputs, "step", 0)),
