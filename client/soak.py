@@ -118,8 +118,11 @@ def run_soak(url: str, metrics_url: str, requests: int = 200, concurrency: int =
 
     Returns:
         dict with the outcome counts, tokens received, wall time, the cache gauges at the end (``caches``),
-        ``caches_empty``, and when ``rss`` is given: ``rss_after_warmup``, ``rss_end`` and ``rss_growth`` (bytes per
-        process).
+        ``caches_empty``, and when ``rss`` is given: ``rss_after_warmup``, ``rss_end``, ``rss_growth`` (bytes per
+        process) and ``kv_allocated_growth`` (per model, the most positions its KV caches allocated, running and
+        released ones kept for prefix reuse, after the warm-up, less what they allocated at its end: memory that
+        prefix caching keeps by design, up to its ``kv_cache_max_tokens`` (docs/scheduling.md), and that the
+        process's allocator keeps once it has been touched).
     """
     if prompts is None:
         from .datasets import humaneval_prompts
@@ -137,14 +140,20 @@ def run_soak(url: str, metrics_url: str, requests: int = 200, concurrency: int =
     report: dict = {"requests": requests, "concurrency": concurrency, "cancel_fraction": cancel_fraction,
                     "seed": seed}
     rss_warm = None
+    kv_warm: dict[str, float] = {}
+    kv_peak: dict[str, float] = {}
 
     def work(i: int) -> None:
-        nonlocal done, rss_warm
+        nonlocal done, rss_warm, kv_warm
         results[i] = send(url, reqs[i])
         with lock:
             done += 1
             if rss is not None and done == warmup:
                 rss_warm = rss()
+                kv_warm = kv_allocated(metrics_url)
+            if rss is not None and done > warmup:
+                for m, v in kv_allocated(metrics_url).items():
+                    kv_peak[m] = max(kv_peak.get(m, 0.0), v)
 
     t0 = time.monotonic()
     with ThreadPoolExecutor(concurrency) as pool:
@@ -171,7 +180,18 @@ def run_soak(url: str, metrics_url: str, requests: int = 200, concurrency: int =
         report["rss_after_warmup"] = rss_warm
         report["rss_end"] = end
         report["rss_growth"] = {k: end[k] - rss_warm[k] for k in end if rss_warm and k in rss_warm}
+        report["kv_allocated_growth"] = {m: max(0.0, v - kv_warm.get(m, 0.0)) for m, v in kv_peak.items()}
     return report
+
+
+KV_ALLOCATED = {"target_model": "spec_decode_target_kv_cache_allocated_tokens",
+                "draft_model": "spec_decode_draft_kv_cache_allocated_tokens"}
+
+
+def kv_allocated(metrics_url: str) -> dict[str, float]:
+    """Per model, the positions its KV caches allocate now (:data:`KV_ALLOCATED`'s gauges; 0 when absent)."""
+    samples = scrape(metrics_url)
+    return {m: value(samples, g) for m, g in KV_ALLOCATED.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

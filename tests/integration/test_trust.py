@@ -274,6 +274,15 @@ def test_eight_concurrent_streams_equal_their_solo_runs(server):
     assert a.output_ids != b.output_ids
 
 
+def server_model_config():
+    """The served target's config (the embedded default: the draft LM of fixture ``server`` is the target too)."""
+    from transformers import AutoConfig
+
+    from spec_decode.engine.model_loading import resolve_model_path
+
+    return AutoConfig.from_pretrained(resolve_model_path("default"))
+
+
 def test_soak_random_cancellations_leave_caches_empty_and_memory_flat(server, tmp_path):
     """240 requests, 8 at a time, random methods/k/sampling/streaming, ~30% cancelled by the client; memory is
     measured over the last 160 (the first 80 warm the allocators up: over the first ~200 requests the target's
@@ -289,6 +298,12 @@ def test_soak_random_cancellations_leave_caches_empty_and_memory_flat(server, tm
     assert report["outcomes"]["error"] == 0, report["errors"]
     assert report["outcomes"]["cancelled"] >= 30
     assert report["caches_empty"], report["caches"]
+    # Flat over the last 160 requests (leaked caches: caches_empty), beyond the most that the KV caches prefix
+    # caching keeps after their sequences end (by design, up to kv_cache_max_tokens) allocated over the warm-up's
+    # level: the draft LM (here the target itself) sees only the draft requests, so its kept caches still grow.
+    cfg = server_model_config()
+    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
     for proc, growth in report["rss_growth"].items():
-        assert growth < 64 * 2**20, (proc, growth)  # flat over the last 160 requests (leaked caches: caches_empty)
+        kept = report["kv_allocated_growth"].get(proc, 0.0) * per_token
+        assert growth - kept < 64 * 2**20, (proc, growth, kept)
     assert set(report["rss_growth"]) >= {"generate", "draft_model", "target_model", "verifier"}
