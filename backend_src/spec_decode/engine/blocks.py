@@ -2,12 +2,14 @@
 
 The target's and the draft LM's KV caches index their blocks by it (:mod:`.kv_cache`), and generate's chunked prefill
 uses it to know which prompt blocks the target already holds (:class:`spec_decode.chunked_prefill.PrefixTracker`).
-No torch here: generate imports it.
+Also the prefix helpers the caches share (:func:`common_prefix_len`, :class:`PrefixCacheStats`). No torch here:
+generate imports it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, start: int = 0, prev: list[int] | None = None) -> list[int]:
@@ -31,3 +33,27 @@ def block_hashes(token_ids: Sequence[int], block_size: int, start: int = 0, prev
         h = hash((h, tuple(token_ids[b * block_size : (b + 1) * block_size])))
         out.append(h)
     return out
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class PrefixCacheStats:
+    """Prefix caching's counters since start (exported as ``spec_decode_*_prefix_cache_*`` counters).
+
+    Attributes:
+        queries: computations of at least one full block that looked for a cached prefix.
+        hits: those that found one (and copied at least one block).
+        reused_tokens: tokens whose keys and values were copied instead of computed.
+    """
+
+    queries: int = 0
+    hits: int = 0
+    reused_tokens: int = 0

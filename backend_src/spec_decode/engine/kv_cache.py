@@ -9,66 +9,34 @@ Prefix caching across requests (vLLM's automatic prefix caching, keyed the same 
 ``block_size`` tokens are indexed by a hash chain over the token ids (block i's key hashes block i-1's key and block
 i's ids), so a sequence whose tokens start with the same blocks as any other cache, running or released, copies those
 blocks' keys and values instead of computing them. Released caches stay for that reuse, least recently used first out.
-Caches are bounded by count (``max_sequences`` running sequences, LRU) and all of them together by the positions they
-allocate (``max_tokens``): released caches leave first, then the least recently used running ones.
+Caches are bounded by count (``max_sequences``, LRU) and together by the positions they allocate (``max_tokens``).
+The buffers are in :mod:`.slots`, the block keys in :mod:`.blocks`.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import torch
 
 from ..settings import InvalidInputError
-from .blocks import block_hashes
+from .blocks import PrefixCacheStats, block_hashes, common_prefix_len
 from .lru import SequenceLRU
-
-
-def cache_keyword(model) -> str:
-    """The keyword by which ``model.forward`` takes its KV cache: ``cache`` in the transformers that
-    requirements.txt pins (where ``past_key_values`` is deprecated), ``past_key_values`` in earlier 5.x releases such as
-    5.17 (which would pass an unknown ``cache`` on to the attention and ignore it)."""
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-@dataclass
-class PrefixCacheStats:
-    """Prefix caching's counters since start (exported as ``spec_decode_*_prefix_cache_*`` counters).
-
-    Attributes:
-        queries: computations of at least one full block that looked for a cached prefix.
-        hits: those that found one (and copied at least one block).
-        reused_tokens: tokens whose keys and values were copied instead of computed.
-    """
-
-    queries: int = 0
-    hits: int = 0
-    reused_tokens: int = 0
+from .slots import RoundCache, SlotCache, cache_keyword
 
 
 @dataclass
 class _Entry:
     ids: list[int] = field(default_factory=list)  # tokens whose keys/values are at positions 0.. of ``slots``
-    slots: _SlotCache = field(default_factory=lambda: _SlotCache())
+    slots: SlotCache = field(default_factory=lambda: SlotCache())
     hashes: list[int] = field(default_factory=list)  # block_hashes(ids): the keys under which it is indexed
 
 
 class CachedCausalLM:
-    """Wraps a Hugging Face causal LM with an LRU of per-sequence KV caches (:class:`_SlotCache`).
+    """Wraps a Hugging Face causal LM with an LRU of per-sequence KV caches (:class:`SlotCache`).
 
     Every forward (one sequence, or a batched round) gets its keys and values from the sequences' own buffers and
     writes the new ones into them in place, under an explicit 4D mask and position ids: no cache is copied per step,
@@ -377,7 +345,7 @@ class CachedCausalLM:
 
         Rows are laid out as ``[left padding | the row's cached positions | left padding | its new tokens]`` over
         ``c_max + n_max`` key positions; a 4D attention mask keeps every row to its own tokens, causally, and padding
-        queries attend only to themselves. The keys and values come from each sequence's :class:`_SlotCache` and the
+        queries attend only to themselves. The keys and values come from each sequence's :class:`SlotCache` and the
         new ones are written into it (no per-round stacking and splitting of caches).
         """
         cached = [keep for _, _, _, _, keep, _ in batch]
@@ -403,7 +371,7 @@ class CachedCausalLM:
         n_keep = max(n for *_, n in batch)
         try:
             out = self._decoder(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
-                                use_cache=True, **{self._cache_kw: _RoundCache(rows, c_max, n_max)})
+                                use_cache=True, **{self._cache_kw: RoundCache(rows, c_max, n_max)})
             hidden = out.last_hidden_state[:, -n_keep:]  # [B, n_keep, H]
             logits = self._head(hidden)
         except Exception:
@@ -423,85 +391,3 @@ class CachedCausalLM:
             results.append((logits[row, n_keep - n_logits :], hidden[row, n_keep - n_logits :]))
         self._enforce_budget({seq_id for _, seq_id, *_ in batch})
         return results
-
-
-class _SlotCache:
-    """One sequence's keys and values, per layer ``[heads, capacity, head_dim]`` buffers written in place.
-
-    Positions ``[0, len(entry.ids))`` hold the sequence's cached tokens; a rollback is just a shorter ``ids`` (the
-    positions after it are overwritten by the next forward). Buffers are allocated at the first write of each layer,
-    from the shapes the model produces, and grow by at least 256 positions (amortised copies).
-    """
-
-    GROW = 256
-
-    def __init__(self) -> None:
-        self.keys: list[torch.Tensor | None] = []
-        self.values: list[torch.Tensor | None] = []
-
-    @property
-    def capacity(self) -> int:
-        """Positions allocated (per layer; 0 before the first write)."""
-        return 0 if not self.keys or self.keys[0] is None else int(self.keys[0].shape[1])
-
-    def copy_from(self, src: _SlotCache, start: int, end: int) -> None:
-        """Copy positions ``start .. end - 1`` of every layer from ``src`` (prefix caching: the same token ids)."""
-        for layer, (k, v) in enumerate(zip(src.keys, src.values)):
-            assert k is not None and v is not None  # src holds at least ``end`` positions of every layer
-            self.write(layer, start, k[:, start:end], v[:, start:end])
-
-    def write(self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Store ``keys``/``values`` ([heads, n, head_dim]) at positions ``start .. start + n - 1`` of ``layer``."""
-        while len(self.keys) <= layer:
-            self.keys.append(None)
-            self.values.append(None)
-        end = start + keys.shape[1]
-        for store, x in ((self.keys, keys), (self.values, values)):
-            buf = store[layer]
-            if buf is None or buf.shape[1] < end:
-                grown = x.new_empty((x.shape[0], max(end, 0 if buf is None else buf.shape[1]) + self.GROW,
-                                     x.shape[2]))
-                if buf is not None and start:
-                    grown[:, :start] = buf[:, :start]
-                store[layer] = buf = grown
-            buf[:, start:end] = x
-
-
-class _RoundCache:
-    """The cache object one forward of :meth:`CachedCausalLM._forward` hands the model.
-
-    Implements the one method transformers' attention layers call, ``update(keys, values, layer_idx)``: the new keys
-    and values ([B, heads, n_max, head_dim], rows left-padded) are written into each sequence's :class:`_SlotCache`, and
-    the attention gets ``[B, heads, c_max + n_max, head_dim]`` in the layout of the forward's 4D mask. With one
-    sequence that is a view of its buffers (no copy); with several, one gather per layer, padding zeroed (a masked
-    position gets weight 0, and 0 x an uninitialised NaN would still be NaN).
-
-    Args:
-        rows: per sequence, (its slot cache, cached positions c, new tokens n).
-        c_max, n_max: the largest c and n of the forward.
-    """
-
-    def __init__(self, rows: list[tuple[_SlotCache, int, int]], c_max: int, n_max: int):
-        self.rows, self.c_max, self.n_max = rows, c_max, n_max
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """Store the new keys/values; return the keys/values the attention runs over (see the class docstring)."""
-        c_max, n_max = self.c_max, self.n_max
-        for row, (slots, c, n) in enumerate(self.rows):
-            slots.write(layer_idx, c, key_states[row, :, n_max - n :], value_states[row, :, n_max - n :])
-        if len(self.rows) == 1:
-            slots, c, n = self.rows[0]
-            keys, values = slots.keys[layer_idx], slots.values[layer_idx]
-            assert keys is not None and values is not None  # written just above
-            return keys[None, :, : c + n], values[None, :, : c + n]
-        out = []
-        for kind, x in (("keys", key_states), ("values", value_states)):
-            full = x.new_empty((x.shape[0], x.shape[1], c_max + n_max, x.shape[3]))
-            for row, (slots, c, _) in enumerate(self.rows):
-                buf = getattr(slots, kind)[layer_idx]
-                if c < c_max:
-                    full[row, :, : c_max - c] = 0
-                full[row, :, c_max - c : c_max] = buf[:, :c]
-            full[:, :, c_max:] = x
-            out.append(full)
-        return out[0], out[1]

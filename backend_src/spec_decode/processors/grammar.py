@@ -29,7 +29,7 @@ import llguidance.hf
 import numpy as np
 import torch
 
-from ..engine.kv_cache import common_prefix_len
+from ..engine.blocks import common_prefix_len
 from ..engine.lru import SequenceLRU
 from ..settings import InvalidInputError
 from .core import GUIDE_TYPES  # TensorRT-LLM's guided_decoding_guide_type values

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ...engine.blocks import common_prefix_len
 from ...engine.draft_vocab import DraftVocab
-from ...engine.kv_cache import common_prefix_len
 from ...engine.lru import SequenceLRU
 from ...engine.model_loading import resolve_device, resolve_dtype
 from ...sampling import NoisePurpose
