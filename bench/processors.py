@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer(path)
     eos_ids = end_token_ids(tokenizer, path)
     # no global suffix tree: a replay's drafts are the recording's (they depend on the token ids alone)
-    ens = LocalEnsemble(DraftBackend({"draft_model_path": "", "eagle_path": "", "device": "cpu",
+    ens = LocalEnsemble(DraftBackend({"draft_model_path": "", "speculator_path": "", "device": "cpu",
                                       "suffix_max_cached_requests": "0"}),
                         TargetBackend({"model_path": str(path), "device": "cpu"}),
                         VerifierBackend({"backend": "torch"}))

@@ -48,12 +48,13 @@ from client.metrics import scrape, value
 
 def default_methods() -> tuple[str, ...]:
     """The methods the suite measures unless ``--methods`` says otherwise: the model-free methods the registry
-    serves (:func:`client.soak.model_free_methods`: no draft LM and no EAGLE head), then the draft
+    serves (:func:`client.soak.model_free_methods`: no draft LM and no speculator head), then the draft
     LM (``main`` drops it when ``make draft`` has not built one).
 
-    Left out: ``hybrid`` and ``eagle``. The suite runs perf_analyzer at every concurrency level (and genai-perf) for
-    each method on one server, its longest part; ``client.bench``'s repeated workload measures both, through a fresh
-    server each, and ``--methods`` adds them here.
+    Left out: ``hybrid`` and the heads of ``speculator_path`` (``eagle3``, ``eagle``, ...). The suite runs
+    perf_analyzer at every concurrency level (and genai-perf) for each method on one server, its longest part;
+    ``client.bench``'s repeated workload measures hybrid and the heads, through a fresh server each, and ``--methods``
+    adds them here.
     """
     from client.soak import model_free_methods
     from spec_decode.proposers.draft_lm import DraftModelProposer

@@ -193,24 +193,24 @@ def goals(rows: list[dict], default_method: str) -> list[dict]:
     if worst is not None:
         out.append({"goal": "no method below 0.95x none on any prompt", "value": worst[0], "target": 0.95,
                     "worst": f"{worst[1]}, prompt {worst[2]}"})
-    head = get("server:eagle", **{"pass": 1})
+    head = get("server:eagle3", **{"pass": 1})
     if head is not None:
-        out.append({"goal": "eagle: mean tokens per step >= 2.5", "value": head["mean_tokens_per_step"],
+        out.append({"goal": "eagle3: mean tokens per step >= 2.5", "value": head["mean_tokens_per_step"],
                     "target": 2.5})
         st = head.get("stages_ms_per_step", {})
         drafted = head["draft_tokens"] / max(1, head["steps"])
         if st.get("target forward (scorer)") and drafted:
-            out.append({"goal": "eagle: cost per drafted token <= 0.1 target step (lower is better)",
+            out.append({"goal": "eagle3: cost per drafted token <= 0.1 target step (lower is better)",
                         "value": st["draft_model execute"] / drafted / st["target forward (scorer)"], "target": 0.1,
                         "lower_is_better": True})
-        out.append({"goal": "eagle >= 1.8x none", "value": head["tokens_per_s"] / none["tokens_per_s"],
+        out.append({"goal": "eagle3 >= 1.8x none", "value": head["tokens_per_s"] / none["tokens_per_s"],
                     "target": 1.8})
         hybrid = get("server:hybrid", **{"pass": 1})
         singles = [r for r in rows if r["method"].startswith("server:") and r.get("pass") == 1
                    and r.get("concurrency", 1) == 1 and r["method"] not in ("server:hybrid", "server:none")]
         if hybrid is not None and singles:
             best = max(singles, key=lambda r: r["tokens_per_s"])
-            out.append({"goal": f"hybrid (suffix + eagle) >= the best single method ({best['method']})",
+            out.append({"goal": f"hybrid (suffix + eagle3) >= the best single method ({best['method']})",
                         "value": hybrid["tokens_per_s"] / best["tokens_per_s"], "target": 1.0})
     draft = get("server:draft", **{"pass": 1})
     if draft is not None and draft.get("acceptance_rate") is not None:
@@ -274,8 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=20, help="held-out HumanEval prompts 0..N-1 (default 20)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--methods", default=",".join(METHODS),
-                    help="methods, a fresh server each (default: every registered one, %(default)s; draft and eagle "
-                         "only when built; hybrid falls back to the EAGLE head when there is one, else n-gram lookup)")
+                    help="methods, a fresh server each (default: every registered one, %(default)s; draft and eagle3 "
+                         "only when built, the other heads (eagle, medusa, mlp_speculator, arctic) only when "
+                         "draft_model.speculator_path names one (--set); hybrid falls back to the EAGLE-3 head when "
+                         "there is one, else n-gram lookup)")
     ap.add_argument("--passes", type=int, default=2, help="times the prompt set is sent (default 2: repeated workload)")
     ap.add_argument("--num-draft-tokens", type=int, default=4)
     ap.add_argument("--draft-model", default=os.environ.get("DRAFT_MODEL", ""),
@@ -288,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--url", help="use an already running server (gRPC host:port) instead of starting one per method")
     ap.add_argument("--set", action="append", default=[], metavar="MODEL.PARAMETER=VALUE",
                     help="a config.pbtxt parameter for every server started (repeatable), e.g. "
-                         "draft_model.eagle_min_token_prob=0")
+                         "draft_model.speculator_min_token_prob=0")
     args = ap.parse_args(argv)
     settings: dict[str, dict[str, str]] = {}
     for item in args.set:
@@ -308,13 +310,18 @@ def main(argv: list[str] | None = None) -> int:
     if "draft" in methods and not args.draft_model and not args.url:
         print("no draft model (--draft-model / DRAFT_MODEL): skipping speculative_method=draft", flush=True)
         methods.remove("draft")
-    from spec_decode.proposers.eagle import resolve_eagle_path
+    from spec_decode.proposers.speculators import HEAD_METHODS, served_heads
 
-    head = resolve_eagle_path("auto")
-    if "eagle" in methods and head is None and not args.url:
-        print("no EAGLE head (make speculator): skipping speculative_method=eagle; hybrid falls back to n-gram lookup",
-              flush=True)
-        methods.remove("eagle")
+    # the heads draft_model.speculator_path serves ("auto": the EAGLE-3 head of make speculator, when built)
+    heads = served_heads(settings.get("draft_model", {}).get("speculator_path", "auto"))
+    for m in HEAD_METHODS:
+        if m in methods and m not in heads and not args.url:
+            why = ("no EAGLE-3 head (make speculator)" if m == "eagle3" else
+                   f"no {m} head in speculator_path (--set draft_model.speculator_path=FOLDER)")
+            print(f"{why}: skipping speculative_method={m}", flush=True)
+            methods.remove(m)
+    if "hybrid" in methods and "eagle3" not in heads and not args.url:
+        print("hybrid falls back to n-gram lookup (no EAGLE-3 head)", flush=True)
     rows = []
     args.output.parent.mkdir(parents=True, exist_ok=True)
     for m in methods:
@@ -324,8 +331,8 @@ def main(argv: list[str] | None = None) -> int:
                             | {"pass": p})
             continue
         overrides = draft_overrides(args.draft_model) if args.draft_model else {}
-        if m == "hybrid" and head is not None:  # Arctic's arrangement: suffix, else the model speculator
-            overrides.setdefault("draft_model", {})["hybrid_fallback"] = "eagle"
+        if m == "hybrid" and "eagle3" in heads:  # Arctic's arrangement: suffix, else the model speculator
+            overrides.setdefault("draft_model", {})["hybrid_fallback"] = "eagle3"
         for model, params in settings.items():
             overrides.setdefault(model, {}).update(params)
         repo = prepare_repository(overrides or None)

@@ -22,15 +22,15 @@ from .metrics import scrape, value
 
 CACHE_GAUGES = ("spec_decode_running_sequences", "spec_decode_target_kv_cache_sequences",
                 "spec_decode_draft_kv_cache_sequences", "spec_decode_eagle_cache_sequences",
-                "spec_decode_suffix_active_requests")
+                "spec_decode_eagle3_cache_sequences", "spec_decode_suffix_active_requests")
 
 
 def model_free_methods() -> tuple[str, ...]:
-    """``none`` and every registered proposer that needs no model (no draft LM, no EAGLE head), in the registry's
+    """``none`` and every registered proposer that needs no model (no draft LM, no speculator head), in the registry's
     order: what a server offers without either (:func:`spec_decode.proposers.registry.offered_methods`)."""
     from spec_decode.proposers.registry import offered_methods
 
-    return offered_methods({"draft_model_path": "none", "eagle_path": "none"})
+    return offered_methods({"draft_model_path": "none", "speculator_path": "none"})
 
 
 def random_request(rng: random.Random, prompts: list[str], methods: tuple[str, ...], cancel_fraction: float,
@@ -204,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cancel-fraction", type=float, default=0.3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--methods", help="comma-separated (default: none and every proposer served without a model; "
-                                      "add draft or eagle when served)")
+                                      "add draft or a head (eagle3, eagle, medusa, mlp_speculator, arctic) when "
+                                      "served)")
     ap.add_argument("--max-tokens", default="4,48", help="range of max_tokens drawn per request: lo,hi")
     ap.add_argument("--output", default="results/soak.json")
     args = ap.parse_args(argv)

@@ -14,9 +14,10 @@ import torch  # noqa: E402
 
 @pytest.fixture(autouse=True, scope="session")
 def _no_machine_eagle_head(tmp_path_factory):
-    """In this process ``eagle_path: auto`` finds no EAGLE head, whether or not ``make speculator`` has built one on
-    this machine: a test that serves the head names its folder (servers started by tests are separate processes and
-    still see the machine's)."""
+    """In this process ``speculator_path: auto`` finds no trained head, whether or not ``make speculator`` has built
+    one on this machine (:func:`spec_decode.proposers.speculators.layouts.trained_head_dir` reads
+    ``artifacts.default_eagle_dir``): a test that serves a head names its folder (servers started by tests are separate
+    processes and still see the machine's)."""
     from spec_decode.proposers.eagle import artifacts
 
     missing = tmp_path_factory.mktemp("no-eagle") / "none"
@@ -42,6 +43,54 @@ def tiny_dir(tiny_lm, tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny") / "tiny"
     tiny_lm.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def deep_lm():
+    """A tiny random LlamaForCausalLM as tiny_lm but 6 layers deep (EAGLE-3's default layers 2, L // 2, L - 3 exist),
+    eval mode, fixed seed."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(6)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=6, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=1024)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="session")
+def deep_dir(deep_lm, tmp_path_factory):
+    """deep_lm saved as a model folder."""
+    path = tmp_path_factory.mktemp("deep") / "deep"
+    deep_lm.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_heads(tiny_lm, tmp_path_factory):
+    """A head of every published layout over the tiny target, random weights: method -> folder (EAGLE-1 as the
+    authors publish it, EAGLE-3 reading layers [0, 1, 1], Medusa, MLP speculator, Arctic's MLP speculator). Serve them
+    with ``tiny_heads_params``; a target scoring for the EAGLE-3 head returns the inputs of its layers 0 and 1
+    (``CachedCausalLM(..., aux_layers=(0, 1))``)."""
+    from tests.helpers import save_tiny_eagle
+    from tests.speculator_checkpoints.arctic import write_arctic
+    from tests.speculator_checkpoints.eagle import write_eagle3
+    from tests.speculator_checkpoints.medusa import write_medusa
+    from tests.speculator_checkpoints.mlp import write_mlp_speculator
+
+    root = tmp_path_factory.mktemp("tiny-heads")
+    return {"eagle": save_tiny_eagle(tiny_lm, root / "eagle"),
+            "eagle3": write_eagle3(root / "eagle3", 32, 97, 4, 2, 64, 48, layer_ids=[0, 1, 1]),
+            "medusa": write_medusa(root / "medusa", 32, 97),
+            "mlp_speculator": write_mlp_speculator(root / "mlp_speculator", 32, 97),
+            "arctic": write_arctic(root / "arctic", 32, 97)}
+
+
+@pytest.fixture(scope="session")
+def tiny_heads_params(tiny_heads, tiny_dir):
+    """draft_model config parameters that serve every head of ``tiny_heads`` for the tiny target, drafting every
+    slot."""
+    return {"speculator_path": ",".join(str(f) for f in tiny_heads.values()), "target_model_path": str(tiny_dir),
+            "speculator_min_token_prob": "0"}
 
 
 @pytest.fixture(scope="session")
@@ -92,8 +141,8 @@ def _running_server(repo, log):
 
 @pytest.fixture(scope="session")
 def tiny_eagle(tmp_path_factory, teacher_cache, real_model_dir):
-    """An EAGLE head of the embedded target, trained by the tool at a tiny size (seconds; it drafts little, which is
-    all the tests need: the output must be the target's whatever the drafts)."""
+    """An EAGLE-3 head of the embedded target (method ``eagle3``), trained by the tool at a tiny size (seconds; it
+    drafts little, which is all the tests need: the output must be the target's whatever the drafts)."""
     from spec_decode.training.speculator import main
 
     out = tmp_path_factory.mktemp("eagle") / "eagle"
@@ -104,15 +153,29 @@ def tiny_eagle(tmp_path_factory, teacher_cache, real_model_dir):
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory, tiny_eagle):
-    """A real tritonserver on free ports serving the repository; the target drafts for itself (method=draft), and a
-    tiny EAGLE head serves method=eagle."""
+def published_heads(tmp_path_factory, real_model_dir):
+    """One head of every published layout for the embedded target (SmolLM2-135M: hidden 576, 9 attention heads, 3
+    key/value heads, MLP 1536), random weights: name -> folder
+    (:func:`tests.speculator_checkpoints.embedded.write_published_heads`: ``eagle`` is an EAGLE-1 head in its authors'
+    layout, with the target's embedding; ``arctic_lstm`` a second Arctic head, not served by ``server``)."""
+    from tests.speculator_checkpoints.embedded import write_published_heads
+
+    return write_published_heads(tmp_path_factory.mktemp("published-heads"), real_model_dir)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory, tiny_eagle, published_heads):
+    """A real tritonserver on free ports serving the repository; the target drafts for itself (method=draft), the tiny
+    trained EAGLE-3 head serves method=eagle3, and a published-layout head of every other layout its method (eagle:
+    EAGLE-1, medusa, mlp_speculator, arctic); the target returns the EAGLE-3 head's layers' hidden states beside its
+    last one."""
     from spec_decode.launcher import draft_overrides, prepare_repository
 
+    heads = [tiny_eagle] + [published_heads[m] for m in ("eagle", "medusa", "mlp_speculator", "arctic")]
     overrides = draft_overrides("default")
     overrides["draft_model"]["draft_min_token_prob"] = "0"  # the self-draft drafts every slot (all accepted)
-    overrides["draft_model"]["eagle_path"] = str(tiny_eagle)
-    overrides["draft_model"]["eagle_min_token_prob"] = "0"  # the tiny one is unsure: draft every slot
+    overrides["draft_model"]["speculator_path"] = ",".join(str(h) for h in heads)
+    overrides["draft_model"]["speculator_min_token_prob"] = "0"  # the random heads are unsure: draft every slot
     log = tmp_path_factory.mktemp("triton") / "server.log"
     yield from _running_server(prepare_repository(overrides), log)
 

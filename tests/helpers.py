@@ -20,21 +20,19 @@ def tiny_eagle_config() -> dict:
             "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 1024}
 
 
-def save_tiny_eagle(tiny_lm, folder, kept=tuple(range(0, 97, 2)), seed: int = 0):
-    """An untrained EAGLE head over ``tiny_lm``'s embedding and head (the ``kept`` tokens), saved as
-    ``make speculator`` saves one; returns the folder."""
-    import torch
+def save_tiny_eagle(tiny_lm, folder, seed: int = 0):
+    """An untrained EAGLE-1 head over ``tiny_lm`` (its embedding; random layer) written as the EAGLE authors publish
+    one (``speculative_method=eagle``); returns the folder. Serve it with ``speculator_path`` and
+    ``target_model_path`` (the tiny target's folder)."""
+    from tests.speculator_checkpoints.eagle import write_eagle1
 
-    from spec_decode.engine.draft_vocab import DraftVocab
-    from spec_decode.proposers import EagleHead
+    return write_eagle1(folder, tiny_lm.get_input_embeddings().weight.detach(), 4, 2, 64, seed=seed)
 
-    torch.manual_seed(seed)
-    vocab = DraftVocab(list(kept), tiny_lm.config.vocab_size)
-    emb = tiny_lm.get_input_embeddings().weight.detach()[vocab.token_ids]
-    head = tiny_lm.get_output_embeddings().weight.detach()[vocab.token_ids]
-    EagleHead(torch.cat([emb, emb.mean(0, keepdim=True)]), head, tiny_eagle_config()).save(folder, vocab)
-    (folder / "train_speculator.json").write_text("{}")
-    return folder
+
+def tiny_head_params(folder, target_dir, min_token_prob: str = "0") -> dict[str, str]:
+    """draft_model config parameters that serve the head in ``folder`` for the tiny target in ``target_dir``."""
+    return {"speculator_path": str(folder), "target_model_path": str(target_dir),
+            "speculator_min_token_prob": min_token_prob}
 
 
 def confidence_rule(every):

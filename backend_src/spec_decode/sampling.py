@@ -66,6 +66,10 @@ class NoisePurpose(IntEnum):
     # 4 is retired: left unused, since renumbering a purpose would change its seeded outputs
     EAGLE = 5  # the EAGLE head's sampled drafts
     COUPLED = 6  # the coupled race of a seeded request: its token at an absolute position (verifier and drafts)
+    MEDUSA = 7  # Medusa's heads' sampled drafts
+    MLP_SPECULATOR = 8  # the MLP speculator's sampled drafts
+    ARCTIC = 9  # Arctic Inference's MLP and LSTM speculators' sampled drafts
+    EAGLE3 = 10  # the EAGLE-3 head's sampled drafts
 
 
 def mix_seed(*parts: int) -> int:

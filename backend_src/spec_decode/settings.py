@@ -223,10 +223,14 @@ class TargetSettings(LMSettings):
         logprobs_mode: which log-probs requests get (vLLM's ``logprobs_mode``): ``raw`` (the target's log-softmax
             before any processor, temperature, top-k or top-p; vLLM's default) or ``processed`` (the log of the
             distribution each token was sampled from).
+        aux_hidden_state_layers: the decoder layers whose inputs the ``hidden_states`` output carries after the last
+            hidden state (what EAGLE-3 heads read): ``auto`` (those the heads of draft_model's ``speculator_path``
+            name), ``none``, or layer ids separated by commas.
     """
 
     model_path: str = "default"
     logprobs_mode: str = "raw"
+    aux_hidden_state_layers: str = "auto"
 
     def check(self) -> None:
         """As :meth:`LMSettings.check`, model_path not blank, logprobs_mode ``raw`` or ``processed``."""
@@ -234,6 +238,10 @@ class TargetSettings(LMSettings):
         if not self.model_path.strip():
             raise InvalidInputError("model_path", "must name a model folder or 'default'")
         self._choice("logprobs_mode", ("raw", "processed"))
+        value = self.aux_hidden_state_layers.strip().lower()
+        if value not in ("auto", "none", "") and not all(x.strip().isdigit() for x in value.split(",")):
+            raise InvalidInputError("aux_hidden_state_layers", f"{self.aux_hidden_state_layers!r} is not auto, none "
+                                                               f"or layer ids separated by commas")
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,14 @@ Its parts, one module each:
    ``rejection_sample`` on each backend and the torch maths alone.
 3. ``decoding`` (:mod:`.decoding`): speculative decoding in process
    (:class:`spec_decode.serving.local_ensemble.LocalEnsemble`: the three served backends, rows stacked and padded as
-   the Triton ensemble passes them) with a random-weight Llama target of about 1.2B parameters and a 2-layer
-   early-exit draft, greedy, k = 4: every method's output must equal the target's plain greedy decoding by
-   transformers' ``generate`` token for token (in bfloat16 a divergence at a near-tie is reported as such), with
-   tokens/s, acceptance and mean tokens per step; then the forward cost of 1-9 new positions on a 300-token cache.
+   the Triton ensemble passes them) with a random-weight Llama target of about 1.2B parameters, a 2-layer
+   early-exit draft and a random head of each published speculator layout (:mod:`.speculators`: EAGLE-1, EAGLE-3,
+   Medusa, MLP speculator, Arctic LSTM, served together through ``speculator_path``), greedy, k = 4: every method's
+   output must equal the target's plain greedy decoding by transformers' ``generate`` token for token (in bfloat16 a
+   divergence at a near-tie is reported as such), each model proposer must draft as many tokens per step as k or its
+   head allows, and the heads' other layouts (vLLM's EAGLE-1 and Medusa, Arctic's MLP) must draft as the served ones;
+   with tokens/s, acceptance and mean tokens per step; then the forward cost of 1-9 new positions on a 300-token
+   cache.
 
 :mod:`.context` holds the sizes (full on CUDA, tiny on CPU) and the failure record; :mod:`.report` the versions and
 the table; :mod:`.__main__` the command line.

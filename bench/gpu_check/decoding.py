@@ -2,13 +2,20 @@
 
 The target is a Llama-architecture model with random weights (on CUDA about 1.2B parameters: 16 layers, hidden 2048,
 vocabulary 128256; the embedded default model does not travel to the GPU machine), the draft LM its first two layers
-with its embeddings and head (an early-exit draft), and the EAGLE head a random one over half of its vocabulary. They
-are served in process by :class:`spec_decode.serving.local_ensemble.LocalEnsemble` (the three served backends, rows
-stacked and padded as the Triton ensemble passes them), greedy, k = :data:`~bench.gpu_check.context.K_DECODE`. In
-float32 every method's output at batch 1 and 8 must equal the target's plain greedy decoding by transformers'
-``generate`` token for token; in bfloat16 the same comparison is reported, a divergence at a near-tie of the
-reference's two best logits counted as such (bfloat16's rounding differs between a 1-position and a k+1-position
-forward). Then the forward cost of 1-9 new positions on a 300-token cache (bfloat16 target), against one position.
+with its embeddings and head (an early-exit draft), and one random head of each published speculator layout of its
+sizes (:mod:`.speculators`: EAGLE-1, EAGLE-3, Medusa, the MLP speculator, Arctic's LSTM), all served by one
+draft_model through ``speculator_path`` (``target_model_path`` set; the target built with draft_model's parameters, so
+that it returns the EAGLE-3 head's auxiliary hidden states). They are served in process by
+:class:`spec_decode.serving.local_ensemble.LocalEnsemble` (the three served backends, rows stacked and padded as the
+Triton ensemble passes them), greedy, k = :data:`~bench.gpu_check.context.K_DECODE`, each step bringing the hidden
+states the previous one returned (as generate sends them). In float32 every method's output at batch 1 and 8 must
+equal the target's plain greedy decoding by transformers' ``generate`` token for token; in bfloat16 the same comparison
+is reported, a divergence at a near-tie of the reference's two best logits counted as such (bfloat16's rounding
+differs between a 1-position and a k+1-position forward). Each model proposer must draft, at most k or its head's
+number of predicted positions per step and, drafting every slot, exactly that many once it has hidden states. The
+heads' other published layouts (EAGLE-1 and Medusa as vLLM converts them, the MLP speculator as Arctic's
+``ArcticMLPSpeculatorPreTrainedModel``) must draft what the served ones draft from the same states. Then the forward
+cost of 1-9 new positions on a 300-token cache (bfloat16 target), against one position.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import time
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from spec_decode.proposers.draft_lm import DraftModelProposer
@@ -28,6 +36,7 @@ from spec_decode.protocol import NO_SPECULATION, StepInputs
 from spec_decode.sampling import SamplingParams
 
 from .context import FORWARD_CACHE, FORWARD_NEW_POSITIONS, K_DECODE, Context
+from .speculators import ALTERNATIVES, N_PREDICT, SERVED
 
 SELF = "self"
 """A pseudo-method: the draft LM proposer (``speculative_method=draft``) serving the target itself as its draft LM.
@@ -45,16 +54,17 @@ TIE_TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2}
 
 def build_models(ctx: Context, folder: Path) -> dict:
     """Save a random-weight Llama target (``ctx.sizes.llama``), its 2-layer early-exit draft (bfloat16 model folders)
-    and a random EAGLE head over half of its vocabulary (as ``make speculator`` saves one) under ``folder``.
+    and a random head of each published speculator layout of its sizes (:func:`.speculators.write_speculators`) under
+    ``folder``.
 
     Returns:
-        dict: paths (``target``, ``draft``, ``eagle`` -> folder) and target_parameters (a count).
+        dict: paths (``target``, ``draft`` and the speculators' keys -> folder) and target_parameters (a count).
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from spec_decode.engine.draft_vocab import DraftVocab
     from spec_decode.engine.surgery import truncated_copy
-    from spec_decode.proposers.eagle import EagleHead, eagle_config
+
+    from .speculators import write_speculators
 
     llama, dev = ctx.sizes.llama, ctx.device
     torch.manual_seed(0)
@@ -63,13 +73,13 @@ def build_models(ctx: Context, folder: Path) -> dict:
     with torch.device(dev):
         target = LlamaForCausalLM(cfg)
         draft = truncated_copy(target, 2)
-    paths = {"target": folder / "target", "draft": folder / "draft", "eagle": folder / "eagle"}
-    vocab = DraftVocab(torch.arange(0, llama["vocab_size"], 2), llama["vocab_size"])
-    emb = target.get_input_embeddings().weight.detach()[vocab.token_ids.to(dev)].cpu()
-    head = target.get_output_embeddings().weight.detach()[vocab.token_ids.to(dev)].cpu()
-    EagleHead(torch.cat([emb, emb.mean(0, keepdim=True)]), head, eagle_config(cfg)).save(paths["eagle"], vocab)
+    paths = {"target": folder / "target", "draft": folder / "draft"}
     for name, model in (("target", target), ("draft", draft)):
         model.to(torch.bfloat16).save_pretrained(paths[name])
+    # the heads share the target's weights as saved (bfloat16)
+    embedding, lm_head = target.get_input_embeddings().weight, target.get_output_embeddings().weight
+    assert isinstance(embedding, torch.Tensor) and isinstance(lm_head, torch.Tensor)
+    paths |= write_speculators(folder / "speculators", llama, embedding, lm_head)
     params = sum(p.numel() for p in target.parameters())
     del target, draft
     return {"paths": paths, "target_parameters": params}
@@ -77,11 +87,12 @@ def build_models(ctx: Context, folder: Path) -> dict:
 
 def load_ensembles(ctx: Context, paths: dict, dtype: str) -> dict:
     """Method -> the LocalEnsemble that serves it: the served backends on ``ctx.device`` in ``dtype`` (``float32`` or
-    ``bfloat16``) with the verifier backend ``ctx.verifier_backend``; one ensemble serves every registered method,
-    another :data:`SELF`.
+    ``bfloat16``) with the verifier backend ``ctx.verifier_backend``; one ensemble serves every registered method
+    (the draft LM and every head of :data:`.speculators.SERVED` in one draft_model), another :data:`SELF`.
 
     Raises:
         FileNotFoundError: a folder of ``paths`` (see :func:`build_models`) that does not exist.
+        SpeculatorLoadError: a head that does not load.
     """
     from transformers.utils import logging as hf_logging
 
@@ -93,17 +104,34 @@ def load_ensembles(ctx: Context, paths: dict, dtype: str) -> dict:
     hf_logging.disable_progress_bar()
 
     common = {"device": ctx.device.type, "dtype": dtype, "max_sequences": "64"}
-    target = TargetBackend({**common, "model_path": str(paths["target"])})
-    verifier = VerifierBackend({"num_threads": "0", "backend": ctx.verifier_backend})
-    # the draft LMs draft every slot (a random-weight draft is never confident: the default 0.3 would draft nothing)
+    # the draft LMs and the heads draft every slot (random weights are never confident: 0.3 would draft little)
     suffix = {"suffix_backend": "python", "suffix_max_cached_requests": "64", "draft_min_token_prob": "0"}
-    draft = DraftBackend({**common, **suffix, "draft_model_path": str(paths["draft"]),
-                          "eagle_path": str(paths["eagle"]), "eagle_min_token_prob": "0"})
-    self_draft = DraftBackend({**common, **suffix, "draft_model_path": str(paths["target"])})
+    draft_params = {**common, **suffix, "draft_model_path": str(paths["draft"]),
+                    "speculator_path": ",".join(str(paths[m]) for m in SERVED),
+                    "target_model_path": str(paths["target"]), "speculator_min_token_prob": "0"}
+    target_params = {**common, "model_path": str(paths["target"])}
+    # built with draft_model's parameters: it returns the EAGLE-3 head's layers beside its last hidden state
+    target = TargetBackend(target_params, None, draft_params)
+    verifier = VerifierBackend({"num_threads": "0", "backend": ctx.verifier_backend})
+    draft = DraftBackend(draft_params, None, target_params)
+    self_draft = DraftBackend({**common, **suffix, "draft_model_path": str(paths["target"]),
+                               "speculator_path": "none"})
     main = LocalEnsemble(draft, target, verifier)
     ensembles = {m: main for m in DECODING_METHODS if m != SELF}
     ensembles[SELF] = LocalEnsemble(self_draft, target, verifier)
     return ensembles
+
+
+def drafts_cap(method: str) -> int | None:
+    """The most drafts a step of ``method`` proposes in this check: K_DECODE, or the head's number of predicted
+    positions when fewer (:data:`.speculators.N_PREDICT` for Medusa, the MLP speculator and Arctic's); drafting every
+    slot, a model proposer reaches it at every step that has hidden states. None: the model-free methods (their
+    drafts depend on matches) and ``none``."""
+    if method in ("medusa", "mlp_speculator", "arctic"):
+        return min(K_DECODE, N_PREDICT)
+    if method in ("eagle", "eagle3", DraftModelProposer.name, SELF):
+        return K_DECODE
+    return None
 
 
 class _SeqIds:
@@ -117,33 +145,42 @@ def decode(ctx: Context, ensemble, method: str, prompts: list[list[int]], batch:
     The requests count as seeded, so suffix decoding drafts from each request's own tree only and no run learns from
     another's responses.
 
+    Each step brings the hidden states the sequence's previous step returned (as generate sends them), so the heads
+    draft from the second step on.
+
     Returns:
         dict: outputs (the new token ids per prompt), seconds (wall clock, device synchronised), steps (sequence
-        steps), drafted and accepted (draft tokens).
+        steps), drafted and accepted (draft tokens), drafts_per_step (a histogram: drafts proposed -> steps).
     """
     params = SamplingParams(0.0, 0, 1.0, 0, seeded=True)
     served = DraftModelProposer.name if method == SELF else method
     k = 0 if method == NO_SPECULATION else K_DECODE
     outputs: list[list[int] | None] = [None] * len(prompts)
     steps, drafted, accepted = 0, 0, 0
+    per_step: dict[int, int] = {}
     ctx.sync()
     start = time.perf_counter()
     for first in range(0, len(prompts), batch):
-        live = {}
+        live: dict[int, tuple[int, list[int]]] = {}
+        hidden: dict[int, np.ndarray | None] = {}  # each sequence's last step's hidden states (None: first step)
         for i in range(first, min(first + batch, len(prompts))):
             live[i] = (_SeqIds.next, list(prompts[i]))
+            hidden[i] = None
             _SeqIds.next += 1
         step = 0
         while live:
             order = list(live)
-            inps = [StepInputs(live[i][0], live[i][1], k, served, params, step) for i in order]
+            inps = [StepInputs(live[i][0], live[i][1], k, served, params, step, hidden_states=hidden[i])
+                    for i in order]
             results = ensemble.run_round(inps)
             step += 1
             done = []
             for i, inp, r in zip(order, inps, results):
                 steps += 1
                 drafted += r.num_draft_tokens
+                per_step[r.num_draft_tokens] = per_step.get(r.num_draft_tokens, 0) + 1
                 accepted += len(r.output_ids) - 1
+                hidden[i] = r.hidden_states
                 ids = live[i][1]
                 ids += r.output_ids[: max_tokens - (len(ids) - len(prompts[i]))]
                 if len(ids) - len(prompts[i]) >= max_tokens:
@@ -155,7 +192,8 @@ def decode(ctx: Context, ensemble, method: str, prompts: list[list[int]], batch:
                     del live[i]
     ctx.sync()
     seconds = time.perf_counter() - start
-    return {"outputs": outputs, "seconds": seconds, "steps": steps, "drafted": drafted, "accepted": accepted}
+    return {"outputs": outputs, "seconds": seconds, "steps": steps, "drafted": drafted, "accepted": accepted,
+            "drafts_per_step": dict(sorted(per_step.items()))}
 
 
 def reference(model, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
@@ -219,14 +257,93 @@ def forward_cost(ctx: Context, lm) -> dict:
     return {"cache_tokens": FORWARD_CACHE, "ms": res, "ratio_to_one": {n: res[n] / res[1] for n in res}}
 
 
+def speculator_layout(folder: Path) -> dict:
+    """What a speculator folder of :func:`build_models` is: the method its layout serves (as draft_model detects it),
+    its ``architectures`` or ``model_type``, and its weights file."""
+    import json
+
+    from spec_decode.proposers.speculators import detect
+    from spec_decode.proposers.speculators.checkpoint import find_weights
+
+    cfg = json.loads((folder / "config.json").read_text())
+    weights = find_weights(folder, ("model.safetensors", "pytorch_model.bin", "medusa_lm_head.safetensors"))
+    return {"method": detect(folder), "folder": folder.name,
+            "architectures": cfg.get("architectures") or cfg.get("model_type") or "medusa_num_heads",
+            "weights": weights.name}
+
+
+def check_drafts(ctx: Context, run: dict) -> None:
+    """A model proposer's drafts per step (``run["drafts_per_step"]``) must stay within its cap (:func:`drafts_cap`)
+    and, drafting every slot, reach it at every step but a sequence's first (a head has no hidden states yet then;
+    the draft LM reaches it there too): else a failure is recorded."""
+    cap, hist = run["drafts_cap"], run["drafts_per_step"]
+    if cap is None:
+        return
+    short = {n: c for n, c in hist.items() if n != cap}
+    # a sequence's first step: no hidden states for a head (no drafts); the rest draft exactly the cap
+    allowed = {0: run["sequences"]} if run["method"] not in (DraftModelProposer.name, SELF) else {}
+    if any(n > cap for n in hist) or any(c > allowed.get(n, 0) for n, c in short.items()) or not hist.get(cap):
+        ctx.fail(f"decoding {run['dtype']} batch {run['batch']} {run['method']}: drafts per step {hist}, expected "
+                 f"{cap} at every step (but no drafts at each sequence's first step for a head)")
+
+
+def same_drafts(ctx: Context, paths: dict, dtype: str, sequences: int = 3, states: int = 5) -> list[dict]:
+    """Each other published layout of a served head (:data:`.speculators.ALTERNATIVES`) against that head: both
+    loaded as draft_model loads them (``speculator_path``, ``target_model_path``, ``speculator_min_token_prob`` 0) on
+    ``ctx.device`` in ``dtype``, given the same greedy requests (random token ids and hidden states of the target's
+    width), must propose the same drafts and the same draft distributions (the same weights in another layout).
+
+    Returns:
+        per layout: layout, method, compared_with, equal (drafts and distributions), drafts (per request, the
+        alternative's).
+    """
+    from spec_decode.proposers.base import ProposalRequest
+    from spec_decode.proposers.registry import PROPOSERS
+
+    s = ctx.sizes.llama
+    g = torch.Generator().manual_seed(11)
+    params = SamplingParams(0.0, 0, 1.0, 0, seeded=True)
+    out = []
+    for layout, (method, reference) in ALTERNATIVES.items():
+        proposals = []
+        for key in (reference, layout):
+            cls = PROPOSERS[method if key == layout else reference]
+            settings = cls.Settings.from_params({"speculator_path": str(paths[key]), "speculator_min_token_prob": "0",
+                                                 "target_model_path": str(paths["target"]),
+                                                 "device": ctx.device.type, "dtype": dtype})
+            proposer = cls.from_config(settings, {})
+            assert proposer is not None, f"{key}: {paths[key]} serves no {cls.name} head"
+            g.manual_seed(11)  # the same requests for both
+            requests = [ProposalRequest(j + 1, torch.randint(3, s["vocab_size"], (24,), generator=g).tolist(),
+                                        K_DECODE, params, 1, torch.randn(states, s["hidden_size"], generator=g))
+                        for j in range(sequences)]
+            proposals.append(proposer.propose(requests))
+            del proposer
+        equal = all(
+            torch.equal(a.draft_token_ids.cpu(), b.draft_token_ids.cpu()) and len(a.draft_token_ids) > 0
+            and (a.draft_probs is None) == (b.draft_probs is None)
+            and (a.draft_probs is None or torch.allclose(a.draft_probs.float().cpu(), b.draft_probs.float().cpu(),
+                                                         rtol=1e-5, atol=1e-6))
+            for a, b in zip(*proposals))
+        if not equal:
+            ctx.fail(f"decoding {dtype}: the {layout} layout drafts other tokens than the {reference} head of the same "
+                     f"weights")
+        out.append({"dtype": dtype, "layout": layout, "method": method, "compared_with": reference, "equal": equal,
+                    "drafts": [p.draft_token_ids.tolist() for p in proposals[1]]})
+        print(f"  {dtype:<9} {layout:<12} drafts as {reference}: {equal}", flush=True)
+    return out
+
+
 def decoding(ctx: Context, deadline: float) -> dict:
     """Part 3: greedy equality of every method of :data:`DECODING_METHODS` with plain decoding, tokens/s, forward
     cost. Runs that would start after ``deadline`` (a ``time.perf_counter()`` value) are reported as skipped.
 
     Returns:
-        dict: target_parameters, config, k, max_tokens, prompts, verifier_backend, note, runs (per dtype, batch and
-        method: sequences, tokens, seconds, tokens_per_s, mean_tokens_per_step, acceptance_rate,
-        equal_to_plain_greedy, mismatched_sequences, and divergences where any; or skipped) and forward_cost.
+        dict: target_parameters, config, k, max_tokens, prompts, verifier_backend, note, speculators (method or other
+        layout -> its layout, from :mod:`.speculators`), runs (per dtype, batch and method: sequences, tokens,
+        seconds, tokens_per_s, mean_tokens_per_step, acceptance_rate, drafts_per_step, drafts_cap,
+        equal_to_plain_greedy, mismatched_sequences, and divergences where any; or skipped), layouts
+        (:func:`same_drafts`, float32) and forward_cost.
     """
     s = ctx.sizes
     folder = Path(tempfile.mkdtemp(prefix="gpu_check_models_"))
@@ -234,7 +351,8 @@ def decoding(ctx: Context, deadline: float) -> dict:
         built = build_models(ctx, folder)
         prompts = make_prompts(s.prompts, s.prompt_len, s.llama["vocab_size"])
         res = {"target_parameters": built["target_parameters"], "config": s.llama, "k": K_DECODE,
-               "max_tokens": s.max_tokens, "prompts": len(prompts), "runs": []}
+               "max_tokens": s.max_tokens, "prompts": len(prompts), "runs": [], "layouts": []}
+        res["speculators"] = {key: speculator_layout(built["paths"][key]) for key in (*SERVED, *ALTERNATIVES)}
         res["verifier_backend"] = ctx.verifier_backend
         res["note"] = ("random weights; speeds are overhead checks of the step path (transformers' eager forward is "
                        "bound by kernel launches at these sizes), not what a trained model would reach")
@@ -264,7 +382,9 @@ def decoding(ctx: Context, deadline: float) -> dict:
                            "tokens": tokens, "seconds": r["seconds"], "tokens_per_s": tokens / r["seconds"],
                            "mean_tokens_per_step": tokens / r["steps"] if r["steps"] else 0.0,
                            "acceptance_rate": r["accepted"] / r["drafted"] if r["drafted"] else None,
+                           "drafts_per_step": r["drafts_per_step"], "drafts_cap": drafts_cap(method),
                            "equal_to_plain_greedy": not mismatched, "mismatched_sequences": len(mismatched)}
+                    check_drafts(ctx, run)
                     if mismatched:
                         d = [divergence(model, prompts[i], ref[i], r["outputs"][i], dtype) for i in mismatched]
                         run["divergences"] = d
@@ -273,9 +393,14 @@ def decoding(ctx: Context, deadline: float) -> dict:
                             ctx.fail(f"decoding {dtype} batch {batch} {method}: {len(mismatched)} sequences differ "
                                      f"from plain greedy decoding, not at a near-tie ({d[:2]})")
                     res["runs"].append(run)
-                    print(f"  {dtype:<9} B={batch} {method:<7}{run['tokens_per_s']:>9.1f} tok/s  "
+                    print(f"  {dtype:<9} B={batch} {method:<15}{run['tokens_per_s']:>9.1f} tok/s  "
                           f"tokens/step {run['mean_tokens_per_step']:.2f}  equal {run['equal_to_plain_greedy']}",
                           flush=True)
+            if dtype == "float32":  # the same weights in two layouts: one dtype tells
+                if time.perf_counter() < deadline:
+                    res["layouts"] = same_drafts(ctx, built["paths"], dtype)
+                else:
+                    res["runs"].append({"dtype": dtype, "method": "layouts", "skipped": "time budget"})
             if dtype == "bfloat16" and time.perf_counter() < deadline:
                 res["forward_cost"] = forward_cost(ctx, ens[NO_SPECULATION].target.lm)
                 print(f"  forward cost (ms by new positions): {res['forward_cost']['ms']}", flush=True)

@@ -79,8 +79,11 @@ def table(result: dict) -> str:
             if "skipped" in r:
                 lines.append(f"  {r['dtype']:<9} {r.get('method', '')} skipped ({r['skipped']})")
                 continue
-            lines.append(f"  {r['dtype']:<9} B={r['batch']} {r['method']:<7}{r['tokens_per_s']:>9.1f}"
+            lines.append(f"  {r['dtype']:<9} B={r['batch']} {r['method']:<15}{r['tokens_per_s']:>9.1f}"
                          f"{r['mean_tokens_per_step']:>6.2f}  {r['equal_to_plain_greedy'] or equal_note(r)}")
+        if d.get("layouts"):
+            lines.append("  other layouts draft as the served heads: " + ", ".join(
+                f"{x['layout']} {x['equal']}" for x in d["layouts"]))
         if "forward_cost" in d:
             f = d["forward_cost"]
             lines.append("  forward ms for 1..9 new positions: "

@@ -28,7 +28,8 @@ from spec_decode.launcher.processes import stub_processes
 STREAM_TOKENS = 400  # long enough to be in flight for the whole test of one kill
 RUNNING = "spec_decode_running_sequences"
 CACHES = (RUNNING, "spec_decode_target_kv_cache_sequences", "spec_decode_draft_kv_cache_sequences",
-          "spec_decode_eagle_cache_sequences", "spec_decode_suffix_active_requests")
+          "spec_decode_eagle_cache_sequences", "spec_decode_eagle3_cache_sequences",
+          "spec_decode_suffix_active_requests")
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,15 @@ from spec_decode.proposers import METHODS
 N_TOKENS = 64  # greedy_references (conftest.py) holds this many tokens per prompt
 
 
-@pytest.mark.parametrize("method", METHODS)  # every registered proposer (the session's server has a draft LM)
+def test_the_server_offers_every_registered_method(server):
+    """The session's server has a draft LM, the trained EAGLE-3 head and a published head of every other layout
+    (tests/conftest.py ``server``): every method is served, as the tests below assume."""
+    from spec_decode.launcher import served_methods
+
+    assert served_methods(server.repository) == ", ".join(METHODS)
+
+
+@pytest.mark.parametrize("method", METHODS)  # every registered proposer (the session's server serves them all)
 def test_greedy_output_equals_target_greedy(server, greedy_references, method):
     for prompt, ref in greedy_references:
         r = stream_generate(server.grpc_url, prompt, N_TOKENS, speculative_method=method, num_draft_tokens=4)
@@ -23,7 +31,7 @@ def test_greedy_output_equals_target_greedy(server, greedy_references, method):
             # one step per token, plus the step that produced EOS (not emitted) when generation stopped there
             eos_step = r.stats["finish_reason"] == "stop"
             assert r.stats["num_draft_tokens_total"] == 0 and r.stats["num_steps"] == len(ref) + eos_step
-        if method == "eagle":  # it drafts from every step's hidden states: they crossed the ensembles
+        if method in ("eagle", "eagle3"):  # they draft from every step's hidden states: they crossed the ensembles
             assert r.stats["num_draft_tokens_total"] >= r.stats["num_steps"] - 1 > 0
 
 

@@ -18,7 +18,7 @@ from spec_decode.proposers import METHODS
 
 CACHES = ("spec_decode_running_sequences", "spec_decode_target_kv_cache_sequences",
           "spec_decode_draft_kv_cache_sequences", "spec_decode_eagle_cache_sequences",
-          "spec_decode_suffix_active_requests")
+          "spec_decode_eagle3_cache_sequences", "spec_decode_suffix_active_requests")
 
 
 def _idle(samples) -> bool:
@@ -188,7 +188,7 @@ def test_wrong_dtype_shape_or_name_is_an_error_naming_the_field(server, tensors,
     ("hi", {"num_draft_tokens": 9}, "num_draft_tokens", "[0, 8]"),
     ("hi", {"num_draft_tokens": -1}, "num_draft_tokens", "[0, 8]"),
     ("hi", {"speculative_method": ""}, "speculative_method", ", ".join(METHODS)),
-    ("hi", {"speculative_method": "medusa"}, "speculative_method", ", ".join(METHODS)),
+    ("hi", {"speculative_method": "eagle2"}, "speculative_method", ", ".join(METHODS)),
     ("hi", {"temperature": float("nan")}, "temperature", "[0, 100]"),
     ("hi", {"temperature": 1e9}, "temperature", "[0, 100]"),
     ("hi", {"top_k": -3}, "top_k", ">= 0"),

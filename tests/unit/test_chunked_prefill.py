@@ -7,15 +7,16 @@ import torch
 
 from spec_decode.chunked_prefill import new_positions, plan_round, round_results
 from spec_decode.engine.kv_cache import CachedCausalLM
+from spec_decode.engine.model_loading import load_causal_lm
 from spec_decode.engine.scorer import TargetScorer
 from spec_decode.generation import Generation
 from spec_decode.in_process import LocalStep, run_local
 from spec_decode.processors import ProcessorSpec
 from spec_decode.proposers import METHODS, build_proposers
+from spec_decode.proposers.speculators import aux_hidden_state_layers
 from spec_decode.protocol import StepInputs, StepResult
 from spec_decode.request import GenerationRequest
 from spec_decode.sampling import SamplingParams
-from tests.helpers import save_tiny_eagle
 
 
 def _step(seq_id, n_ids, cached, k, method="suffix", processors=None):
@@ -64,20 +65,21 @@ def test_round_results_map_chunks_and_waits_to_prefilled():
         round_results(inps, plan, [ok])
 
 
-def test_chunked_prefill_gives_the_tokens_of_one_piece_prefill_for_every_method(tiny_dir, tiny_lm, real_tokenizer,
-                                                                                tmp_path):
+def test_chunked_prefill_gives_the_tokens_of_one_piece_prefill_for_every_method(tiny_dir, tiny_heads_params,
+                                                                                real_tokenizer):
     """Every registered method, greedy, a 150-token prompt in chunks of at most 32 positions: the output equals the
     one-piece run's, chunks do not count as steps, and the target computed the prompt in chunks."""
     torch.set_num_threads(1)
     rng = random.Random(0)
     prompt = [rng.randrange(97) for _ in range(150)]
-    served = build_proposers({"draft_model_path": str(tiny_dir), "device": "cpu", "dtype": "float32",
-                              "suffix_backend": "python", "suffix_max_cached_requests": "0",
-                              "hybrid_fallback": "draft", "draft_min_token_prob": "0",
-                              "eagle_path": str(save_tiny_eagle(tiny_lm, tmp_path / "eagle")),
-                              "eagle_min_token_prob": "0", "enable_prefix_caching": "false"})
+    params = {"draft_model_path": str(tiny_dir), "device": "cpu", "dtype": "float32", "suffix_backend": "python",
+              "suffix_max_cached_requests": "0", "hybrid_fallback": "draft", "draft_min_token_prob": "0",
+              "enable_prefix_caching": "false", **tiny_heads_params}
+    served = build_proposers(params)
     assert ("none", *served) == METHODS
-    lm = CachedCausalLM(tiny_lm, prefix_caching=False)
+    # the target returns the EAGLE-3 head's layers beside its last hidden state (its own copy: the hooks stay on it)
+    lm = CachedCausalLM(load_causal_lm(tiny_dir, torch.device("cpu"), torch.float32), prefix_caching=False,
+                        aux_layers=tuple(aux_hidden_state_layers(params["speculator_path"], 2)))
     step = LocalStep(served, TargetScorer(lm))
     computed = []
     forward = lm._forward
@@ -105,7 +107,7 @@ def test_chunked_prefill_on_the_embedded_model(real_model, real_tokenizer):
     text = "\n".join(f"def f{i}(x):\n    return x * {i} + {i * i}" for i in range(30)) + "\ndef f30(x):\n"
     prompt = real_tokenizer(text)["input_ids"]
     assert len(prompt) > 250
-    step = LocalStep(build_proposers({"draft_model_path": "", "eagle_path": "", "suffix_backend": "python"}),
+    step = LocalStep(build_proposers({"draft_model_path": "", "speculator_path": "", "suffix_backend": "python"}),
                      TargetScorer(CachedCausalLM(real_model, prefix_caching=False)))
     outs = []
     for budget in (0, 64):

@@ -3,30 +3,33 @@
 import torch
 
 from spec_decode.engine.kv_cache import CachedCausalLM
+from spec_decode.engine.model_loading import load_causal_lm
 from spec_decode.engine.scorer import TargetScorer
 from spec_decode.generation import Generation
 from spec_decode.in_process import LocalStep, run_local
 from spec_decode.proposers import METHODS, DraftModelProposer, build_proposers
+from spec_decode.proposers.speculators import aux_hidden_state_layers
 from spec_decode.request import GenerationRequest
 from spec_decode.sampling import SamplingParams
-from tests.helpers import save_tiny_eagle
 
 
-def test_every_registered_method_equals_plain_greedy(tiny_dir, tiny_lm, real_tokenizer, tmp_path):
+def test_every_registered_method_equals_plain_greedy(tiny_dir, tiny_lm, tiny_heads_params, real_tokenizer):
     """Every method of the registry, its proposers built from their settings as draft_model builds them (the draft LM
-    = the target, hybrid falling back to it), greedy: the output equals plain greedy decoding; the self-draft's drafts
-    are all accepted."""
+    = the target, hybrid falling back to it, a head of every published layout), greedy: the output equals plain greedy
+    decoding; the self-draft's drafts are all accepted, and the heads draft from the target's hidden states."""
     prompt = [5, 17, 3]
     with torch.inference_mode():
         ref = tiny_lm.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
                                eos_token_id=None, pad_token_id=0)[0, 3:].tolist()
-    served = build_proposers({"draft_model_path": str(tiny_dir), "device": "cpu", "dtype": "float32",
-                              "suffix_backend": "python", "suffix_max_cached_requests": "16",
-                              "hybrid_fallback": "draft", "draft_min_token_prob": "0",
-                              "eagle_path": str(save_tiny_eagle(tiny_lm, tmp_path / "eagle")),
-                              "eagle_min_token_prob": "0"})
+    params = {"draft_model_path": str(tiny_dir), "device": "cpu", "dtype": "float32", "suffix_backend": "python",
+              "suffix_max_cached_requests": "16", "hybrid_fallback": "draft", "draft_min_token_prob": "0",
+              **tiny_heads_params}
+    served = build_proposers(params)
     assert ("none", *served) == METHODS  # every registered proposer is served here
-    step = LocalStep(served, TargetScorer(CachedCausalLM(tiny_lm)))
+    layers = aux_hidden_state_layers(params["speculator_path"], 2)
+    assert layers == [0, 1]  # the EAGLE-3 head's: the target returns their inputs beside its last hidden state
+    target = load_causal_lm(tiny_dir, torch.device("cpu"), torch.float32)  # its own copy: the hooks stay on it
+    step = LocalStep(served, TargetScorer(CachedCausalLM(target, aux_layers=tuple(layers))))
     stats = {}
     for method in METHODS:
         gen = Generation(7, prompt, GenerationRequest("x", 20, speculative_method=method), real_tokenizer, [],
@@ -35,7 +38,8 @@ def test_every_registered_method_equals_plain_greedy(tiny_dir, tiny_lm, real_tok
         assert gen.output_ids == ref, method
         stats[method] = gen.stats
     assert stats["draft"].accepted_tokens == stats["draft"].draft_tokens > 0
-    assert stats["eagle"].draft_tokens > 0  # hidden states reached it in process too
+    for head in ("eagle", "eagle3", "medusa", "mlp_speculator", "arctic"):
+        assert stats[head].draft_tokens > 0, head  # hidden states reached it in process too
     assert len(step.scorer.lm) == 0  # run_local released the caches
 
 

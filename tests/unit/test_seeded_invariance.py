@@ -8,13 +8,14 @@ import pytest
 import torch
 
 from spec_decode.engine.kv_cache import CachedCausalLM
+from spec_decode.engine.model_loading import load_causal_lm
 from spec_decode.engine.scorer import TargetScorer
 from spec_decode.generation import Generation
 from spec_decode.in_process import LocalStep, run_local
 from spec_decode.proposers import METHODS, build_proposers
+from spec_decode.proposers.speculators import aux_hidden_state_layers
 from spec_decode.protocol import StepInputs, StepResult
 from spec_decode.request import GenerationRequest
-from tests.helpers import save_tiny_eagle
 
 
 class _EveryOtherStepUndrafted:
@@ -32,13 +33,15 @@ class _EveryOtherStepUndrafted:
 
 
 @pytest.fixture(scope="module")
-def local_step(tiny_dir, tiny_lm, tmp_path_factory):
-    served = build_proposers({"draft_model_path": str(tiny_dir), "device": "cpu", "dtype": "float32",
-                              "suffix_backend": "python", "suffix_max_cached_requests": "16",
-                              "hybrid_fallback": "draft", "draft_min_token_prob": "0",
-                              "eagle_path": str(save_tiny_eagle(tiny_lm, tmp_path_factory.mktemp("eagle") / "eagle")),
-                              "eagle_min_token_prob": "0"})
-    return LocalStep(served, TargetScorer(CachedCausalLM(tiny_lm)))
+def local_step(tiny_dir, tiny_heads_params):
+    params = {"draft_model_path": str(tiny_dir), "device": "cpu", "dtype": "float32", "suffix_backend": "python",
+              "suffix_max_cached_requests": "16", "hybrid_fallback": "draft", "draft_min_token_prob": "0",
+              **tiny_heads_params}
+    served = build_proposers(params)
+    assert ("none", *served) == METHODS  # every method drafts here, the heads of every published layout too
+    target = load_causal_lm(tiny_dir, torch.device("cpu"), torch.float32)  # returns the EAGLE-3 head's layers too
+    lm = CachedCausalLM(target, aux_layers=tuple(aux_hidden_state_layers(params["speculator_path"], 2)))
+    return LocalStep(served, TargetScorer(lm))
 
 
 _SEQ = iter(range(1, 10**6))  # a fresh sequence id per generation: no cache is shared between them

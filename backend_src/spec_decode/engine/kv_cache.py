@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..settings import InvalidInputError
+from .aux_states import AuxHiddenStates
 from .blocks import PrefixCacheStats, block_hashes, common_prefix_len
 from .lru import SequenceLRU
 from .slots import RoundCache, SlotCache, cache_keyword
@@ -61,6 +62,8 @@ class CachedCausalLM:
             memory it implies is ``max_tokens x`` :meth:`kv_bytes_per_token`.
         prefix_caching: reuse full blocks across sequences (above).
         block_size: tokens per block of prefix caching (>= 1; vLLM's default 16).
+        aux_layers: decoder layers whose inputs the hidden states carry after the last one (EAGLE-3's;
+            :class:`~.aux_states.AuxHiddenStates`).
 
     Thread safety: calls are serialised by a lock (one forward at a time per model instance).
 
@@ -71,7 +74,7 @@ class CachedCausalLM:
 
     def __init__(self, model, max_sequences: int = 64, max_batched_new_tokens: int = 16,
                  max_padded_positions: int = 2048, max_tokens: int = 0, prefix_caching: bool = True,
-                 block_size: int = 16):
+                 block_size: int = 16, aux_layers: tuple[int, ...] = ()):
         if max_sequences < 1:
             raise ValueError(f"max_sequences must be >= 1, got {max_sequences}")
         if max_tokens < 0:
@@ -97,6 +100,7 @@ class CachedCausalLM:
         # (what a hidden-state speculator reads) for the positions it keeps, as ``*ForCausalLM.forward`` itself does.
         self._decoder, self._head = model.get_decoder(), model.get_output_embeddings()
         self._cache_kw = cache_keyword(self._decoder)
+        self._aux = AuxHiddenStates(self._decoder, list(aux_layers))  # hidden states gain these layers' inputs
         self._entries: SequenceLRU[_Entry] = SequenceLRU(max_sequences, on_evict=self._retire)
         self._retired: OrderedDict[int, _Entry] = OrderedDict()  # released caches kept for prefix reuse, LRU first
         self._retired_keys: dict[int, int] = {}  # id(entry) -> its key in _retired
@@ -374,6 +378,7 @@ class CachedCausalLM:
                                 use_cache=True, **{self._cache_kw: RoundCache(rows, c_max, n_max)})
             hidden = out.last_hidden_state[:, -n_keep:]  # [B, n_keep, H]
             logits = self._head(hidden)
+            hidden = self._aux.extend(hidden, n_keep)  # [B, n_keep, H x (1 + aux layers)]
         except Exception:
             for _, seq_id, *_ in batch:
                 dropped = self._entries.pop(seq_id)

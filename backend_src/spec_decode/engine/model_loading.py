@@ -152,11 +152,11 @@ def load_causal_lm(path: Path, device: torch.device, dtype: torch.dtype):
     return model.to(device).eval()
 
 
-def load_cached_lm(path: Path, settings: LMSettings) -> CachedCausalLM:
+def load_cached_lm(path: Path, settings: LMSettings, aux_layers: tuple[int, ...] = ()) -> CachedCausalLM:
     """The causal LM in folder ``path`` on the settings' device and dtype, with its per-sequence KV caches.
 
     A CUDA device with an index becomes this process's current device, so its CUDA context and the work it launches
-    stay on that GPU.
+    stay on that GPU. ``aux_layers``: decoder layers whose inputs its hidden states carry too (EAGLE-3).
 
     Raises:
         ValueError: CUDA asked for but not available.
@@ -171,7 +171,8 @@ def load_cached_lm(path: Path, settings: LMSettings) -> CachedCausalLM:
     dtype = resolve_dtype(settings.dtype, device)
     logger.info("loading %s on %s (%s)", path, device, dtype)
     lm = CachedCausalLM(load_causal_lm(path, device, dtype), settings.max_sequences,
-                        max_tokens=settings.kv_cache_max_tokens, prefix_caching=settings.enable_prefix_caching)
+                        max_tokens=settings.kv_cache_max_tokens, prefix_caching=settings.enable_prefix_caching,
+                        aux_layers=aux_layers)
     if lm.max_tokens:
         logger.info("%s: KV caches bounded to %d tokens (%.2f GiB at %d bytes per token)", path.name, lm.max_tokens,
                     lm.max_tokens * lm.kv_bytes_per_token() / 2**30, lm.kv_bytes_per_token())

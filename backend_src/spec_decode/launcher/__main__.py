@@ -18,7 +18,13 @@ from types import FrameType
 from typing import NoReturn
 
 from ..engine.model_loading import prepare_default_model
-from .repository import DEFAULT_REPOSITORY, draft_overrides, prepare_repository, served_methods
+from .repository import (
+    DEFAULT_REPOSITORY,
+    draft_overrides,
+    prepare_repository,
+    served_methods,
+    served_speculators,
+)
 from .server import TritonServer
 
 
@@ -42,9 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
     ap.add_argument("--draft-model", default=os.environ.get("DRAFT_MODEL", ""),
                     help="draft LM folder (or 'default' for the target itself) to enable speculative_method=draft")
-    ap.add_argument("--eagle-head", default=os.environ.get("EAGLE_HEAD", ""),
-                    help="EAGLE head folder (make speculator --output) to serve as speculative_method=eagle in place "
-                         "of the default one")
+    speculators = [p for p in os.environ.get("SPECULATORS", "").split(":") if p.strip()]
+    ap.add_argument("--speculator", action="append", default=speculators, metavar="PATH",
+                    help="a speculator folder in a published layout (EAGLE, EAGLE-3, Medusa, MLP speculator, Arctic), "
+                         "served as the method its layout names beside the head make speculator trains (replacing it "
+                         "when of the same method); repeatable; SPECULATORS=PATH[:PATH...]")
     ap.add_argument("--log-verbose", type=int, default=0)
     ap.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"),
                     help="address to listen on (0.0.0.0 in a container)")
@@ -58,8 +66,9 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _terminate)
     overrides = draft_overrides(args.draft_model) if args.draft_model else {}
-    if args.eagle_head:
-        overrides.setdefault("draft_model", {})["eagle_path"] = args.eagle_head
+    if args.speculator:
+        paths = [str(Path(p).expanduser().resolve()) for p in args.speculator]
+        overrides.setdefault("draft_model", {})["speculator_path"] = ",".join(["auto", *paths])
     repo = prepare_repository(overrides, args.model_repository)
     server = TritonServer(repo, args.http_port, args.grpc_port, args.metrics_port, log_verbose=args.log_verbose,
                           host=args.host)
@@ -74,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(
             f"\nAll models READY.\n  HTTP    http://{server.http_url}\n  gRPC    {server.grpc_url}\n"
-            f"  metrics http://{server.metrics_url}/metrics\n  speculative_method: {served_methods(repo)}\n\nTry:\n"
+            f"  metrics http://{server.metrics_url}/metrics\n  speculative_method: {served_methods(repo)}\n"
+            f"{served_speculators(repo)}\nTry:\n"
             f"  .venv/bin/python -m client.generate --url {server.grpc_url} --humaneval 1 --max-tokens 128\n",
             flush=True,
         )

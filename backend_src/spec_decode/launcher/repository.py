@@ -83,6 +83,20 @@ def served_methods(repo: Path) -> str:
         return f"? ({e})"
 
 
+def served_speculators(repo: Path) -> str:
+    """The banner's lines on the speculator heads repository ``repo`` serves: ``  <method>  <folder>`` each (from
+    draft_model's ``speculator_path``), or one line saying why they cannot be listed; "" when none."""
+    from ..proposers.speculators import SpeculatorLoadError, SpeculatorSettings, served_heads
+    from ..serving.adapter import sibling_parameters
+
+    draft = sibling_parameters({"model_repository": str(repo / "generate")}, "draft_model")
+    try:
+        heads = served_heads(SpeculatorSettings.from_params(draft or {}).speculator_path)
+    except (SpeculatorLoadError, ValueError) as e:
+        return f"  speculators: ? ({e})\n"
+    return "".join(f"  {method:<18} {path}\n" for method, path in heads.items())
+
+
 def _config(cfg: Path) -> str:
     # config.pbtxt without its comments
     return "\n".join(line.split("#", 1)[0] for line in cfg.read_text().splitlines())

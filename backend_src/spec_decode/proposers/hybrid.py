@@ -16,15 +16,17 @@ from dataclasses import dataclass
 from ..settings import ConfigSettings
 from .base import Proposal, ProposalRequest, Proposer
 
-FALLBACKS = ("ngram", "draft", "eagle", "auto")  # hybrid_fallback's values
-_AUTO = ("eagle", "draft", "ngram")  # auto: the first of these served (Arctic pairs suffix with a model speculator)
+_HEADS = ("eagle3", "eagle", "arctic", "mlp_speculator", "medusa")  # the heads of speculator_path, best first
+FALLBACKS = ("ngram", "draft", *_HEADS, "auto")  # hybrid_fallback's values
+_AUTO = (*_HEADS, "draft", "ngram")  # auto: the first of these served (Arctic pairs suffix with a model speculator)
 
 
 @dataclass(frozen=True)
 class HybridSettings(ConfigSettings):
     """Config parameter ``hybrid_fallback``: the proposer used when the suffix score is below k: ``ngram``,
-    ``draft`` (needs a draft LM), ``eagle`` (needs an EAGLE head) or ``auto`` (the EAGLE head when there is one, else
-    the draft LM when there is one, else ``ngram``)."""
+    ``draft`` (needs a draft LM), a head of ``speculator_path`` (``eagle3``, ``eagle``, ``arctic``,
+    ``mlp_speculator``, ``medusa``) or ``auto`` (the first served of those heads in that order, else the draft LM when
+    there is one, else ``ngram``)."""
 
     PREFIX = "hybrid_"
     fallback: str = "ngram"
@@ -56,15 +58,14 @@ class HybridProposer(Proposer):
         """Hybrid over the served ``suffix`` proposer and the configured fallback.
 
         Raises:
-            ValueError: ``hybrid_fallback`` names a proposer not served (the draft LM or the EAGLE head without its
-                model).
+            ValueError: ``hybrid_fallback`` names a proposer not served (the draft LM or a head without its model).
         """
         fallback = settings.fallback
         if fallback == "auto":
             fallback = next(name for name in _AUTO if name in served)
         if fallback not in served:
             raise ValueError(f"config parameter 'hybrid_fallback': {fallback!r} is not served here (draft needs a "
-                             f"draft LM: draft_model_path; eagle an EAGLE head: eagle_path)")
+                             f"draft LM: draft_model_path; a head its folder in speculator_path)")
         return cls(served["suffix"], served[fallback])
 
     def check(self, request: ProposalRequest) -> None:

@@ -14,9 +14,12 @@ from ..protocol import NO_SPECULATION
 from ..schedule import ConstantK, KSchedule
 from .base import Proposer
 from .draft_lm import DraftModelProposer
-from .eagle import EagleProposer
+from .eagle import Eagle3Proposer, EagleProposer
 from .hybrid import HybridProposer
 from .ngram import NgramProposer
+from .speculators.arctic import ArcticProposer
+from .speculators.medusa import MedusaProposer
+from .speculators.mlp import MLPSpeculatorProposer
 from .suffix import SuffixProposer
 
 # name -> class, in the order they are built and offered to clients: a proposer composed of others (hybrid) after
@@ -26,6 +29,10 @@ PROPOSERS: dict[str, type[Proposer]] = {cls.name: cls for cls in (
     NgramProposer,
     SuffixProposer,
     EagleProposer,
+    Eagle3Proposer,
+    MedusaProposer,
+    MLPSpeculatorProposer,
+    ArcticProposer,
     HybridProposer,
 )}
 

@@ -3,7 +3,8 @@
 Config parameters: ``max_num_draft_tokens`` and ``tokenizer_path`` (:class:`~spec_decode.settings.DraftModelSettings`;
 the target tokenizer over which the model proposers keep structured output's grammar state) and each registered
 proposer's own (its ``Settings``: the draft LM's ``draft_model_path``, ``draft_min_token_prob``, ``device``, ``dtype``,
-``max_sequences``; ``ngram_*``; ``suffix_*``; ``eagle_*``; ``hybrid_fallback``; docs/configuration.md). Inputs: the
+``max_sequences``; ``ngram_*``; ``suffix_*``; the published heads' ``speculator_*`` and ``target_model_path``;
+``hybrid_fallback``; docs/configuration.md). Inputs: the
 step protocol's (:data:`~.wire.DRAFT_MODEL_INPUTS`). Outputs per row: ``draft_token_ids`` INT64 [k'] and
 ``draft_probs`` FP32 [k', V] ([0, 0] for drafts without probabilities, and for a release). The rows of one
 ``execute()`` that name the same method go to their proposer in one ``propose`` call (the draft LM runs each draft
@@ -51,6 +52,8 @@ class DraftBackend(BatchedBackend):
     Args:
         params: the config.pbtxt parameters (name -> string value).
         metrics: where its metrics go (default: kept in the process only).
+        target_params: target_model's config parameters (its ``model_path`` is the heads' ``target_model_path``
+            unless that is set), or None (the embedded model).
 
     Raises:
         ValueError: a config parameter out of range (named).
@@ -59,7 +62,10 @@ class DraftBackend(BatchedBackend):
 
     MODEL, Settings, INPUTS = "draft_model", DraftModelSettings, DRAFT_MODEL_INPUTS
 
-    def __init__(self, params: dict[str, str], metrics: Metrics | None = None):
+    def __init__(self, params: dict[str, str], metrics: Metrics | None = None,
+                 target_params: dict[str, str] | None = None):
+        if not (params.get("target_model_path") or "").strip():  # the heads fit the target target_model serves
+            params = {**params, "target_model_path": (target_params or {}).get("model_path") or "default"}
         super().__init__(params, metrics, config_parameters())
         self.proposers = build_proposers(params)
         self.methods = (NO_SPECULATION, *self.proposers)

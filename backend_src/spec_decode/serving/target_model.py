@@ -1,11 +1,12 @@
 """Backend of the ``target_model`` model: the scorer over k+1 positions with the per-sequence KV cache.
 
 Config parameters: :class:`~spec_decode.settings.TargetSettings` (``model_path``, ``device``, ``dtype``,
-``max_sequences``, ``kv_cache_max_tokens``, ``enable_prefix_caching``, ``logprobs_mode``). Inputs:
-:data:`~.wire.TARGET_MODEL_INPUTS`. Outputs per row: ``target_probs``
+``max_sequences``, ``kv_cache_max_tokens``, ``enable_prefix_caching``, ``logprobs_mode``,
+``aux_hidden_state_layers``). Inputs: :data:`~.wire.TARGET_MODEL_INPUTS`. Outputs per row: ``target_probs``
 FP32 [k+1, V] after the row's logits processors (``logits_processors``: :mod:`spec_decode.processors`) and
-``hidden_states`` FP32 [k+1, H], the target's last hidden states at the same positions (what a hidden-state speculator
-drafts from; generate keeps those of the accepted positions for the sequence's next step), both on the model's device
+``hidden_states`` FP32 [k+1, H x (1 + A)], the target's last hidden states at the same positions followed by the
+inputs of the A ``aux_hidden_state_layers`` (what the hidden-state speculators draft from; generate keeps those of the
+accepted positions for the sequence's next step), both on the model's device
 ([0, 0] for a release); ``log_probs`` FP32 [k+1, V] raw log-prob rows when the row asks for log-probs and
 ``logprobs_mode`` is ``raw`` (else [0, 0]); the prompt's log-probs (``prompt_log_probs`` [P-1], ``prompt_token_ranks``
 [P-1], ``prompt_top_log_probs`` / ``prompt_top_log_prob_ids`` [P-1, N]) on a first step that asks for them (else
@@ -16,6 +17,7 @@ KV caches and prefix caching.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -29,6 +31,8 @@ from .batching import BatchedBackend, Work
 from .metrics import Metrics
 from .step_inputs import draft_token_ids, is_release, processor_spec, sampling_params, sequence_id, token_ids
 from .wire import PROMPT_LOGPROB_OUTPUTS, TARGET_MODEL_INPUTS
+
+logger = logging.getLogger(__name__)
 
 
 def grammar_cache(model_path, vocab_size: int, max_sequences: int) -> GrammarCache:
@@ -63,6 +67,8 @@ class TargetBackend(BatchedBackend):
     Args:
         params: the config.pbtxt parameters (name -> string value).
         metrics: where its metrics go (default: kept in the process only).
+        draft_params: draft_model's config parameters (its ``speculator_path`` decides ``aux_hidden_state_layers:
+            auto``; a head that does not load adds no layers: draft_model's own load reports it), or None.
 
     Raises:
         ValueError: a config parameter out of range or naming no model (named).
@@ -71,16 +77,34 @@ class TargetBackend(BatchedBackend):
 
     MODEL, Settings, INPUTS = "target_model", TargetSettings, TARGET_MODEL_INPUTS
 
-    def __init__(self, params: dict[str, str], metrics: Metrics | None = None):
+    def __init__(self, params: dict[str, str], metrics: Metrics | None = None,
+                 draft_params: dict[str, str] | None = None):
         super().__init__(params, metrics)
         path = resolve_model_path(self.settings.model_path)
         if path is None:
             raise ValueError(f"config parameter 'model_path': {self.settings.model_path!r} names no model")
-        self.lm = load_cached_lm(path, self.settings)
+        self.lm = load_cached_lm(path, self.settings, self._aux_layers(path, draft_params))
         self.model_path = path
         self.scorer = TargetScorer(self.lm, self.settings.logprobs_mode)  # grammar matchers: at the first guide
         self._exported_prefix_stats = (0, 0, 0)  # prefix_stats as last exported (queries, hits, reused tokens)
         self._refresh_gauges()
+
+    def _aux_layers(self, path, draft_params: dict[str, str] | None) -> tuple[int, ...]:
+        """The layers of ``aux_hidden_state_layers`` (``auto``: those the EAGLE-3 heads of draft_model's
+        ``speculator_path`` read; draft_model's defaults when its parameters are unknown)."""
+        value = self.settings.aux_hidden_state_layers.strip().lower()
+        if value in ("none", ""):
+            return ()
+        if value != "auto":
+            return tuple(int(x) for x in value.split(","))
+        from ..proposers.speculators import SpeculatorLoadError, SpeculatorSettings, TargetInfo, aux_hidden_state_layers
+
+        try:
+            heads = SpeculatorSettings.from_params(draft_params or {}).speculator_path
+            return tuple(aux_hidden_state_layers(heads, TargetInfo.from_folder(path).num_layers))
+        except (SpeculatorLoadError, ValueError, OSError) as e:  # draft_model fails its load with the same error
+            logger.warning("target_model: no auxiliary hidden states for draft_model's speculators (%s)", e)
+            return ()
 
     def _refresh_gauges(self) -> None:
         lm = self.lm

@@ -13,7 +13,8 @@ import argparse
 import copy
 import logging
 import shutil
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,10 @@ class TrainingData:
         eval_sequences: per held-out HumanEval task, prompt ids + the target's greedy continuation.
         eval_prompt_lens: their prompts' lengths in tokens.
         eval_teacher: the target's outputs over ``eval_sequences``.
+        aux_layers: the target layers whose inputs both teachers hold beside the last hidden state
+            (:attr:`~.teacher.Teacher.wire`).
+        minutes: wall-clock minutes of the phases: ``corpus``, ``teacher`` (the corpus' pass), ``held_out`` (the
+            target's continuations of the held-out tasks and its pass over them).
     """
 
     corpus: Corpus
@@ -46,15 +51,30 @@ class TrainingData:
     eval_sequences: list[list[int]]
     eval_prompt_lens: list[int]
     eval_teacher: Teacher
+    aux_layers: tuple[int, ...] = ()
+    minutes: dict[str, float] = field(default_factory=dict)
+
+
+def teacher_layers(target: CausalLM) -> tuple[int, ...]:
+    """The target layers whose inputs the teacher's passes keep: EAGLE-3's defaults (layers 2, L // 2 and L - 3,
+    :func:`~spec_decode.proposers.speculators.eagle3_layer_ids`; [2, 15, 27] for the 30-layer SmolLM2-135M), the same
+    for both tools so that they share one pass; none for a target of fewer than 6 layers (tests' tiny models)."""
+    from ..proposers.speculators.layouts import eagle3_layer_ids
+
+    layers = int(target.config.num_hidden_layers)
+    return tuple(eagle3_layer_ids({}, layers)) if layers >= 6 else ()
 
 
 def training_data(target: CausalLM, target_dir: Path, tok: PreTrainedTokenizerBase, cache: Path, *,
                   stdlib_tokens: int, seq_len: int, seed: int, humaneval_tasks: int, eval_prompts: int,
-                  eval_tokens: int, phases: int, dtype: str = "auto") -> TrainingData:
-    """The training tools' phases 1 and 2 (of ``phases``, logged): the corpus, the target's passes over it (cached
-    under ``cache``; the corpus' in ``dtype``, as :func:`~.teacher.teacher_dtype` reads it) and the held-out tasks
+                  eval_tokens: int, phases: int, dtype: str = "auto",
+                  aux_layers: tuple[int, ...] | None = None) -> TrainingData:
+    """The training tools' phases 1 and 2 (of ``phases``, logged and timed): the corpus, the target's passes over it
+    (cached under ``cache``; the corpus' in ``dtype``, as :func:`~.teacher.teacher_dtype` reads it; with the inputs of
+    ``aux_layers``, default :func:`teacher_layers`, beside the last hidden state) and the held-out tasks
     0..``eval_prompts``-1 continued greedily by the target for ``eval_tokens`` tokens, with its passes (in the
     target's own dtype, float32 as it is served on CPU, so the held-out metrics read what the server computes).
+    The corpus' pass logs its cost in ms per token when it ran.
 
     The other keywords are :func:`~.corpus.training_corpus`'s (``seq_len`` its longest window).
 
@@ -65,22 +85,34 @@ def training_data(target: CausalLM, target_dir: Path, tok: PreTrainedTokenizerBa
 
     if not 1 <= eval_prompts <= HELD_OUT:
         raise ValueError(f"--eval-prompts must be in [1, {HELD_OUT}], got {eval_prompts}")
+    aux = teacher_layers(target) if aux_layers is None else tuple(aux_layers)
+    minutes: dict[str, float] = {}
+    t0 = time.perf_counter()
     logger.info("phase 1/%d: corpus (standard library up to %d tokens, HumanEval tasks from %d)", phases,
                 stdlib_tokens, HELD_OUT)
     corpus = training_corpus(tok, stdlib_tokens, seq_len, seed, humaneval_tasks)
     logger.info("  %d sequences, %d tokens, %d standard-library files", len(corpus.sequences), corpus.tokens,
                 len(corpus.files))
+    minutes["corpus"] = (time.perf_counter() - t0) / 60
+    t0 = time.perf_counter()
     corpus_dtype = teacher_dtype(dtype, next(target.parameters()).device)
-    logger.info("phase 2/%d: the target's hidden states (%s)", phases, str(corpus_dtype).removeprefix("torch."))
+    logger.info("phase 2/%d: the target's hidden states (%s; last hidden state%s)", phases,
+                str(corpus_dtype).removeprefix("torch."),
+                f" and the inputs of layers {', '.join(map(str, aux))}" if aux else "")
     same = corpus_dtype == next(target.parameters()).dtype
     teacher_model = target if same else copy.deepcopy(target).to(corpus_dtype)
-    teacher = cached_teacher(teacher_model, target_dir, corpus.sequences, cache)
+    teacher = cached_teacher(teacher_model, target_dir, corpus.sequences, cache, aux_layers=aux)
     del teacher_model
+    minutes["teacher"] = (time.perf_counter() - t0) / 60
+    logger.info("  %.2f min, %.2f ms per corpus token (0 when cached)", minutes["teacher"],
+                minutes["teacher"] * 60e3 / max(1, corpus.tokens))
+    t0 = time.perf_counter()
     tasks = heldout_tasks(eval_prompts)
     eval_seqs = greedy_continuations(target, tok, [t["prompt"] for t in tasks], eval_tokens, cache=cache)
     eval_lens = [len(tok(t["prompt"])["input_ids"]) for t in tasks]
-    eval_teacher = cached_teacher(target, target_dir, eval_seqs, cache)
-    return TrainingData(corpus, teacher, eval_seqs, eval_lens, eval_teacher)
+    eval_teacher = cached_teacher(target, target_dir, eval_seqs, cache, aux_layers=aux)
+    minutes["held_out"] = (time.perf_counter() - t0) / 60
+    return TrainingData(corpus, teacher, eval_seqs, eval_lens, eval_teacher, aux, minutes)
 
 
 @dataclass

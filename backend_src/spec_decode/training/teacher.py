@@ -18,7 +18,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -61,17 +61,30 @@ class Teacher:
 
     Attributes:
         argmax: per sequence [n] int32, the target's most probable next token after each position (CPU).
-        hidden: per sequence [n, H] float16, its last hidden states (after the final norm; CPU).
+        wire: per sequence [n, H x (1 + A)] float16 (CPU): the target's last hidden state (after the final norm), then
+            the inputs of the A layers ``aux_layers`` (transformers' ``hidden_states[i]`` of layer i), in that order:
+            the layout in which the server sends hidden states to the proposers
+            (:func:`spec_decode.proposers.speculators.aux_hidden_state_layers`).
+        aux_layers: the target layers whose inputs ``wire`` holds after the last hidden state (empty: [n, H]).
+        hidden: per sequence [n, H], the last hidden states: views of ``wire``'s first H columns (derived).
     """
 
     argmax: list[torch.Tensor]
-    hidden: list[torch.Tensor]
+    wire: list[torch.Tensor]
+    aux_layers: tuple[int, ...] = ()
+    hidden: list[torch.Tensor] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        blocks = 1 + len(self.aux_layers)
+        self.hidden = [w[:, : w.shape[1] // blocks] for w in self.wire]
 
 
 @torch.inference_mode()
 def teacher_pass(model: CausalLM, sequences: list[list[int]], batch_tokens: int = 2048,
-                 progress: bool = True) -> Teacher:
-    """The target's last hidden state and argmax next token at every position of every sequence.
+                 progress: bool = True, aux_layers: Iterable[int] = ()) -> Teacher:
+    """The target's last hidden state and argmax next token at every position of every sequence, and the inputs of
+    its layers ``aux_layers`` there (EAGLE-3's auxiliary hidden states: transformers' ``output_hidden_states``
+    ``hidden_states[i]`` is the input of layer i, as vLLM's and the EAGLE authors' targets return them).
 
     Sequences are grouped by length (right padding, masked) into forwards of at most ``batch_tokens`` padded tokens
     (a sequence longer than that gets a forward of its own).
@@ -81,13 +94,21 @@ def teacher_pass(model: CausalLM, sequences: list[list[int]], batch_tokens: int 
         sequences: token-id lists (each >= 1 token).
         batch_tokens: the most (padded) tokens per forward.
         progress: show a progress bar (tqdm).
+        aux_layers: layer ids in [0, L) whose inputs to keep beside the last hidden state, in this order.
 
     Returns:
-        :class:`Teacher`, in the order of ``sequences``.
+        :class:`Teacher`, in the order of ``sequences`` (``wire`` [n, H x (1 + len(aux_layers))] float16).
+
+    Raises:
+        ValueError: a layer id outside [0, L).
     """
     from tqdm import tqdm
 
     decoder, head = model.get_decoder(), model.get_output_embeddings()
+    aux = tuple(int(i) for i in aux_layers)
+    layers = int(model.config.num_hidden_layers)
+    if any(not 0 <= i < layers for i in aux):
+        raise ValueError(f"auxiliary layers {list(aux)} must be in [0, {layers})")
     dev = next(model.parameters()).device
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     argmax: list = [None] * len(sequences)
@@ -106,15 +127,18 @@ def teacher_pass(model: CausalLM, sequences: list[list[int]], batch_tokens: int 
         for r, j in enumerate(group):
             ids[r, : len(sequences[j])] = torch.tensor(sequences[j])
             mask[r, : len(sequences[j])] = 1
-        h = decoder(input_ids=ids.to(dev), attention_mask=mask.to(dev)).last_hidden_state
+        out = decoder(input_ids=ids.to(dev), attention_mask=mask.to(dev), output_hidden_states=bool(aux))
+        h = out.last_hidden_state
+        wire = torch.cat([h, *(out.hidden_states[a] for a in aux)], -1) if aux else h
         for r, j in enumerate(group):
             n = len(sequences[j])
             argmax[j] = head(h[r, :n]).argmax(-1).int().cpu()
-            hid[j] = h[r, :n].half().cpu()
+            hid[j] = wire[r, :n].half().cpu()
             bar.update(n)
+        del out, h, wire
         i = end
     bar.close()
-    return Teacher(argmax, hid)
+    return Teacher(argmax, hid, aux)
 
 
 def target_logits(hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
@@ -153,9 +177,11 @@ def teacher_dtype(name: str = "auto", device: torch.device | None = None) -> tor
     return getattr(torch, name)
 
 
-def _key(model: CausalLM, model_dir: Path, sequences: list[list[int]]) -> str:
+def _key(model: CausalLM, model_dir: Path, sequences: list[list[int]], aux_layers: tuple[int, ...] = ()) -> str:
     h = hashlib.sha256()
     h.update(f"hidden+argmax:{next(model.parameters()).dtype}".encode())
+    if aux_layers:  # the wire layout: another content than a last-hidden-only pass, so another folder
+        h.update(f"wire:last+inputs-of-layers:{','.join(map(str, aux_layers))}".encode())
     cfg = Path(model_dir) / "config.json"
     h.update(cfg.read_bytes() if cfg.exists() else str(model_dir).encode())
     for f in sorted(Path(model_dir).glob("*.safetensors")):
@@ -167,21 +193,27 @@ def _key(model: CausalLM, model_dir: Path, sequences: list[list[int]]) -> str:
 
 
 def cached_teacher(model: CausalLM, model_dir: Path, sequences: list[list[int]], cache: Path,
-                   shard: int = 64) -> Teacher:
+                   shard: int = 64, aux_layers: Iterable[int] = ()) -> Teacher:
     """:func:`teacher_pass` kept on disk under ``cache/<key>/`` in shards of ``shard`` sequences: a rerun (or the other
     training tool) loads what is there and computes only what is missing.
 
-    The key covers the model's dtype, its folder ``model_dir`` (config.json and the safetensors files' names and sizes)
-    and the sequences. Each shard is written under a temporary name and renamed (``shard-NNNNN.pt``), and
-    ``done.json`` marks a complete pass, so an interrupted run leaves only whole shards.
+    The key covers the model's dtype, its folder ``model_dir`` (config.json and the safetensors files' names and sizes),
+    the sequences and the auxiliary layers ``aux_layers`` (:func:`teacher_pass`; a pass that keeps them is another
+    folder than one that does not, so a cache of another layout is never misread). Each shard is written under a
+    temporary name and renamed (``shard-NNNNN.pt``), and ``done.json`` marks a complete pass, so an interrupted run
+    leaves only whole shards.
 
     Returns:
         :class:`Teacher`, in the order of ``sequences``.
+
+    Raises:
+        ValueError: as :func:`teacher_pass`.
     """
-    folder = Path(cache) / _key(model, model_dir, sequences)
+    aux = tuple(int(i) for i in aux_layers)
+    folder = Path(cache) / _key(model, model_dir, sequences, aux)
     if (folder / "done.json").exists():
         logger.info("teacher outputs cached in %s", folder)
-        return _load(folder, len(sequences), shard)
+        return _load(folder, len(sequences), shard, aux)
     folder.mkdir(parents=True, exist_ok=True)
     starts = range(0, len(sequences), shard)
     todo = [s for s in starts if not (folder / f"shard-{s // shard:05d}.pt").exists()]
@@ -191,22 +223,24 @@ def cached_teacher(model: CausalLM, model_dir: Path, sequences: list[list[int]],
     from tqdm import tqdm
 
     for s in tqdm(todo, desc="teacher shards", unit="shard"):
-        part = teacher_pass(model, sequences[s : s + shard], progress=False)
+        part = teacher_pass(model, sequences[s : s + shard], progress=False, aux_layers=aux)
         tmp = folder / f"shard-{s // shard:05d}.pt.tmp"
-        torch.save({"argmax": part.argmax, "hidden": part.hidden}, tmp)
+        torch.save({"argmax": part.argmax, "hidden": part.wire}, tmp)
         tmp.rename(folder / f"shard-{s // shard:05d}.pt")
-    (folder / "done.json").write_text(json.dumps({"sequences": len(sequences), "shard": shard}))
-    return _load(folder, len(sequences), shard)
+    (folder / "done.json").write_text(json.dumps({"sequences": len(sequences), "shard": shard,
+                                                  "aux_layers": list(aux)}))
+    return _load(folder, len(sequences), shard, aux)
 
 
-def _load(folder: Path, n: int, shard: int) -> Teacher:
+def _load(folder: Path, n: int, shard: int, aux: tuple[int, ...]) -> Teacher:
     shard = json.loads((folder / "done.json").read_text()).get("shard", shard)
-    out = Teacher([], [])
+    argmax: list[torch.Tensor] = []
+    wire: list[torch.Tensor] = []
     for s in range(0, n, shard):
         part = torch.load(folder / f"shard-{s // shard:05d}.pt")
-        out.argmax += part["argmax"]
-        out.hidden += part["hidden"]
-    return out
+        argmax += part["argmax"]
+        wire += part["hidden"]
+    return Teacher(argmax, wire, aux)
 
 
 def greedy_continuations(model: CausalLM, tok: PreTrainedTokenizerBase, prompts: list[str], new_tokens: int,

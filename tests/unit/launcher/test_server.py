@@ -17,17 +17,55 @@ def test_unknown_parameter_is_an_error():
         prepare_repository({"draft_model": {"no_such_key": "1"}})
 
 
-def test_the_banner_names_the_methods_the_repository_offers(tmp_path):
-    """served_methods reads draft_model's and generate's parameters as generate does: the draft LM when forced on, the
-    EAGLE head only when its folder holds one."""
+def test_the_banner_names_the_methods_and_heads_the_repository_offers(tiny_heads, tmp_path):
+    """served_methods reads draft_model's and generate's parameters as generate does: the draft LM when forced on, a
+    head of speculator_path as its layout's method (none for a folder that holds none); served_speculators lists the
+    heads' folders."""
     from spec_decode.launcher import served_methods
+    from spec_decode.launcher.repository import served_speculators
 
-    head = tmp_path / "head"
-    head.mkdir()
     with_draft = prepare_repository({**draft_overrides("default"), "draft_model": {"draft_model_path": "default",
-                                                                                   "eagle_path": ""}})
+                                                                                   "speculator_path": ""}})
     assert served_methods(with_draft) == "none, draft, ngram, suffix, hybrid"
-    (head / "config.json").write_text("{}")
-    assert served_methods(prepare_repository({"draft_model": {"eagle_path": str(head), "draft_model_path": ""}})) \
-        == "none, ngram, suffix, eagle, hybrid"
+    assert served_speculators(with_draft) == ""
+    heads = prepare_repository({"draft_model": {"speculator_path": f"{tiny_heads['eagle3']},{tiny_heads['eagle']}",
+                                                "draft_model_path": ""}})
+    assert served_methods(heads) == "none, ngram, suffix, eagle, eagle3, hybrid"
+    lines = served_speculators(heads).splitlines()
+    assert [line.split() for line in lines] == [["eagle3", str(tiny_heads["eagle3"])],
+                                                ["eagle", str(tiny_heads["eagle"])]]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.json").write_text("{}")  # no layout: not offered, and the banner says why
+    bad = prepare_repository({"draft_model": {"speculator_path": str(empty), "draft_model_path": ""}})
+    assert served_methods(bad) == "none, ngram, suffix, hybrid"
+    assert "speculators: ?" in served_speculators(bad) and "architectures" in served_speculators(bad)
     assert served_methods(tmp_path) == "?"
+
+
+def test_speculator_flags_and_the_speculators_variable_serve_heads_beside_the_trained_one(monkeypatch, tmp_path):
+    """--speculator PATH (repeatable) and SPECULATORS=PATH[:PATH...] become draft_model's speculator_path "auto,..."
+    (absolute folders); without them the repository's own value stays."""
+    import spec_decode.launcher.__main__ as launcher
+
+    class Prepared(Exception):
+        pass
+
+    seen = []
+
+    def prepare(overrides, src):
+        seen.append(overrides)
+        raise Prepared
+
+    monkeypatch.setattr(launcher, "prepare_default_model", lambda: None)
+    monkeypatch.setattr(launcher, "prepare_repository", prepare)
+    monkeypatch.setattr(launcher.signal, "signal", lambda *a: None)  # main's SIGTERM handler stays out of pytest
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECULATORS", "/heads/a:/heads/b")
+    with pytest.raises(Prepared):
+        launcher.main(["--speculator", "c"])
+    assert seen[-1]["draft_model"]["speculator_path"] == f"auto,/heads/a,/heads/b,{tmp_path / 'c'}"
+    monkeypatch.delenv("SPECULATORS")
+    with pytest.raises(Prepared):
+        launcher.main([])
+    assert "draft_model" not in seen[-1]

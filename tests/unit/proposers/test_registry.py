@@ -27,15 +27,27 @@ def _contributing_example() -> dict:
 def test_methods_follow_the_registry_and_the_draft_lm_is_offered_only_with_a_model():
     """The built-in methods in their order (a proposer added later comes after them)."""
     assert registry.METHODS == ("none", *registry.PROPOSERS)
-    assert registry.METHODS[:6] == ("none", "draft", "ngram", "suffix", "eagle", "hybrid")
+    assert registry.METHODS == ("none", "draft", "ngram", "suffix", "eagle", "eagle3", "medusa", "mlp_speculator",
+                                "arctic", "hybrid")
     # offered: what draft_model serves with its parameters; the model-free ones always, the others when configured
-    none = {"draft_model_path": "", "eagle_path": ""}
-    assert registry.offered_methods(none) == tuple(m for m in registry.METHODS if m not in ("draft", "eagle"))
+    none = {"draft_model_path": "", "speculator_path": ""}
+    assert registry.offered_methods(none) == ("none", "ngram", "suffix", "hybrid")
     assert "draft" in registry.offered_methods({**none, "draft_model_path": "default"})
-    assert registry.offered_methods(none, draft_lm=True) == tuple(m for m in registry.METHODS if m != "eagle")
+    assert registry.offered_methods(none, draft_lm=True) == ("none", "draft", "ngram", "suffix", "hybrid")
     assert isinstance(registry.k_schedule("none", "heuristic", 8), ConstantK)  # plain decoding: k stays 0
     assert isinstance(registry.k_schedule("ngram", "heuristic", 8), HeuristicK)
     assert isinstance(registry.k_schedule("suffix", "constant", 8), ConstantK)
+
+
+def test_each_head_of_speculator_path_is_offered_as_its_layout_s_method(tiny_heads, tmp_path):
+    none = {"draft_model_path": "", "speculator_path": ""}
+    everything = ",".join(str(f) for f in tiny_heads.values())
+    assert registry.offered_methods({**none, "speculator_path": everything}) == tuple(
+        m for m in registry.METHODS if m != "draft")
+    assert registry.offered_methods({**none, "speculator_path": str(tiny_heads["eagle3"])}) == (
+        "none", "ngram", "suffix", "eagle3", "hybrid")
+    assert registry.offered_methods({**none, "speculator_path": f"{tmp_path / 'x'}"}) == (
+        "none", "ngram", "suffix", "hybrid")  # an unreadable folder: not offered (draft_model's load says why)
 
 
 def test_build_proposers_serves_each_registered_class_from_its_settings():
@@ -74,7 +86,7 @@ def test_a_new_proposer_is_served_with_its_config_parameter_and_offered_to_clien
     from spec_decode.settings import GenerateSettings
 
     assert "echo_period" in registry.config_parameters()
-    methods = registry.offered_methods({"draft_model_path": "", "eagle_path": ""})
+    methods = registry.offered_methods({"draft_model_path": "", "speculator_path": ""})
     assert methods[-1] == "echo"
     req = parse_request({"text_input": np.array([b"hi"], object), "max_tokens": np.array([24], np.int32),
                          "speculative_method": np.array([b"echo"], object)}, RequestLimits(GenerateSettings(), methods))

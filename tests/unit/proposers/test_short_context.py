@@ -1,18 +1,20 @@
 """A proposer whose model cannot take a sequence's next positions drafts nothing for that sequence (and fewer for one
 near the bound) instead of failing its step; the other sequences of the round draft as before."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
-from spec_decode.engine.draft_vocab import DraftVocab
 from spec_decode.engine.kv_cache import CachedCausalLM
 from spec_decode.engine.scorer import TargetScorer
 from spec_decode.generation import Generation
 from spec_decode.in_process import LocalStep, run_local
-from spec_decode.proposers import DraftModelProposer, EagleHead, EagleProposer, ProposalRequest
+from spec_decode.proposers import DraftModelProposer, Eagle3Proposer, EagleProposer, ProposalRequest
+from spec_decode.proposers.eagle import load_eagle1, load_eagle3
+from spec_decode.proposers.speculators import TargetInfo
 from spec_decode.request import GenerationRequest
 from spec_decode.sampling import SamplingParams
-from tests.helpers import tiny_eagle_config
 
 SHORT = 32  # the draft models' max_position_embeddings here (the target's tiny_lm takes 1,024)
 
@@ -63,18 +65,21 @@ def test_a_generation_past_the_draft_s_positions_keeps_the_target_s_greedy_outpu
     assert gen.stats.draft_tokens > 0 and len(gen.token_ids) > SHORT  # it drafted early, and grew past the bound
 
 
-def test_the_eagle_head_caps_k_at_the_target_s_positions(tiny_lm):
-    vocab = DraftVocab(list(range(0, 97, 2)), 97)
-    emb = tiny_lm.get_input_embeddings().weight.detach()[vocab.token_ids]
-    head = tiny_lm.get_output_embeddings().weight.detach()[vocab.token_ids]
-    torch.manual_seed(0)
-    model = EagleHead(torch.cat([emb, emb.mean(0, keepdim=True)]), head,
-                      dict(tiny_eagle_config(), max_position_embeddings=SHORT)).eval()
-    p = EagleProposer(model, vocab, 0.0)
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_an_eagle_head_caps_k_at_the_target_s_positions(tiny_heads, tiny_lm, method):
+    """An EAGLE head drafts for a target of SHORT positions (its bound is the target's, recorded at load)."""
+    target = replace(TargetInfo.from_model(tiny_lm), max_position_embeddings=SHORT)
+    if method == "eagle":
+        model, vocab = load_eagle1(tiny_heads["eagle"], target)
+    else:
+        model, vocab = load_eagle3(tiny_heads["eagle3"], target)
+    assert model.max_positions == SHORT
+    p = (EagleProposer if method == "eagle" else Eagle3Proposer)(model, vocab, 0.0)
     g = torch.Generator().manual_seed(2)
-    reqs = [ProposalRequest(1, _ids(40), 4, SamplingParams(), 0, torch.randn(3, 32, generator=g)),
-            ProposalRequest(2, _ids(SHORT - 1, 3), 4, SamplingParams(), 0, torch.randn(3, 32, generator=g)),
-            ProposalRequest(3, _ids(10, 5), 4, SamplingParams(), 0, torch.randn(3, 32, generator=g))]
+    width = 32 if method == "eagle" else 96  # EAGLE-3 reads the inputs of the target's layers 0 and 1 too
+    reqs = [ProposalRequest(1, _ids(40), 4, SamplingParams(), 0, torch.randn(3, width, generator=g)),
+            ProposalRequest(2, _ids(SHORT - 1, 3), 4, SamplingParams(), 0, torch.randn(3, width, generator=g)),
+            ProposalRequest(3, _ids(10, 5), 4, SamplingParams(), 0, torch.randn(3, width, generator=g))]
     for r in reqs:
         p.check(r)  # length alone is not refused
     got = p.propose(reqs)

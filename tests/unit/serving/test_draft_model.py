@@ -91,22 +91,37 @@ def test_a_release_with_ids_that_are_not_token_ids_frees_the_caches_and_adds_not
     assert draft.metrics.get("spec_decode_suffix_cached_responses") == cached
 
 
-def test_an_eagle_row_with_bad_hidden_states_fails_alone_naming_the_input(tiny_lm, tmp_path):
-    from tests.helpers import save_tiny_eagle
-
+@pytest.mark.parametrize("method, width", [("eagle", 32), ("eagle3", 96)])
+def test_a_head_s_row_with_bad_hidden_states_fails_alone_naming_the_input(tiny_heads, tiny_dir, method, width):
+    """Rows of a head served from speculator_path (target_model_path from target_model's parameters): bad hidden
+    states fail their own row, huge finite ones draft from finite distributions."""
     draft = DraftBackend({"draft_model_path": "", "suffix_backend": "python", "device": "cpu",
-                          "eagle_path": str(save_tiny_eagle(tiny_lm, tmp_path / "eagle")),
-                          "eagle_min_token_prob": "0"})
+                          "speculator_path": str(tiny_heads[method]), "speculator_min_token_prob": "0"},
+                         target_params={"model_path": str(tiny_dir)})
+    assert list(draft.proposers)[-2:] == [method, "hybrid"]
 
     def row(seq, hidden):
-        return _row(seq, [4, 8, 1], "eagle", context_hidden_states=hidden.astype(np.float32),
+        return _row(seq, [4, 8, 1], method, context_hidden_states=hidden.astype(np.float32),
                     num_context_hidden_states=np.array([len(hidden)], np.int32))
 
-    out = draft.run_batch([row(1, np.random.randn(2, 32)), row(2, np.random.randn(2, 31)),
-                           row(3, np.full((1, 32), np.nan)), row(4, np.random.randn(1, 32)),
-                           row(5, np.full((1, 32), 1e38))])
+    out = draft.run_batch([row(1, np.random.randn(2, width)), row(2, np.random.randn(2, 31)),
+                           row(3, np.full((1, width), np.nan)), row(4, np.random.randn(1, width)),
+                           row(5, np.full((1, width), 1e38))])
     assert len(out[0]["draft_token_ids"]) == 3 and len(out[3]["draft_token_ids"]) == 3
     probs = np.asarray(out[4]["draft_probs"])  # huge but finite states: drafts only from finite distributions
     assert np.isfinite(probs).all() and np.allclose(probs.sum(-1), 1.0, atol=1e-4)
-    assert isinstance(out[1], ValueError) and "context_hidden_states" in str(out[1]) and "[m, 32]" in str(out[1])
+    assert isinstance(out[1], ValueError) and "context_hidden_states" in str(out[1]) and "[m, 32 x n]" in str(out[1])
     assert isinstance(out[2], ValueError) and "finite" in str(out[2])
+    assert draft.metrics.get(f"spec_decode_{method}_cache_sequences") == 3  # rows 1, 4 and 5 hold contexts
+    draft.run_batch([_row(s, [4, 8, 1, 2], method, release=True) for s in (1, 4, 5)])
+    assert draft.metrics.get(f"spec_decode_{method}_cache_sequences") == 0
+
+
+def test_a_head_that_does_not_fit_the_target_is_refused_at_load_naming_the_file_and_key(tiny_dir, tmp_path):
+    from spec_decode.proposers.speculators import SpeculatorLoadError
+    from tests.speculator_checkpoints.eagle import write_eagle1
+
+    wide = write_eagle1(tmp_path / "wide", torch.randn(97, 48), 4, 2, 64)  # hidden 48: the target's is 32
+    with pytest.raises(SpeculatorLoadError, match=rf"{wide / 'config.json'}.*'hidden_size'.*48.*32"):
+        DraftBackend({"draft_model_path": "", "suffix_backend": "python", "device": "cpu",
+                      "speculator_path": str(wide)}, target_params={"model_path": str(tiny_dir)})

@@ -43,6 +43,30 @@ class RMSNorm(nn.Module):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
 
+def rope_inv_freq(config: dict, head_dim: int) -> torch.Tensor:
+    """The rotary frequencies [head_dim / 2] float32 of a head's config: ``rope_theta`` and, when the config has one,
+    its ``rope_scaling`` (or ``rope_parameters``) as transformers computes it (``llama3``, ``linear``, ...).
+
+    Raises:
+        ValueError: a scaling that also scales the attention (YaRN's), which these heads do not apply.
+    """
+    theta = float(config.get("rope_theta", 10000.0) or 10000.0)
+    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else "default"
+    if kind == "default":
+        return 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    settings: dict = {"rope_theta": theta, "rope_scaling": dict(scaling)}  # transformers reads them as kwargs
+    cfg = LlamaConfig(hidden_size=head_dim, num_attention_heads=1, head_dim=head_dim, max_position_embeddings=int(
+        config.get("max_position_embeddings") or scaling.get("original_max_position_embeddings") or 2048), **settings)
+    inv, attention_scaling = ROPE_INIT_FUNCTIONS[str(kind)](cfg, None)
+    if abs(float(attention_scaling) - 1.0) > 1e-6:
+        raise ValueError(f"rope_scaling {kind!r} scales the attention by {attention_scaling}: not supported")
+    return inv.float()
+
+
 def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """Rotary position embedding (Su et al. 2021, Llama's half-split layout).
 
@@ -65,10 +89,15 @@ class EagleHead(nn.Module):
     """The EAGLE head: the pairs' input layer and one decoder layer, over a frozen pruned embedding and LM head.
 
     Args:
-        embedding: [N + 1, H] the target's input embedding rows of the kept tokens, then the "outside the set" row.
+        embedding: [N + 1, H] the target's input embedding rows of the kept tokens, then the "outside the set" row;
+            or, with ``embeds_target_ids``, [V, H] the whole embedding (a published EAGLE-1 head's).
         head: [N, H] the target's LM head rows of the kept tokens.
         config: sizes as the target's (:func:`eagle_config`): ``num_attention_heads``, ``num_key_value_heads``,
-            ``head_dim``, ``intermediate_size``, ``rope_theta``, ``rms_norm_eps``.
+            ``head_dim``, ``intermediate_size``, ``rope_theta``, ``rms_norm_eps``; optional ``rope_scaling``
+            (:func:`rope_inv_freq`), ``input_norm`` (default true: the layer's input RMSNorm; EAGLE-1's published heads
+            have none) and ``fc_bias`` (default true: the bias of ``fc``, EAGLE-1's ``bias`` setting).
+        embeds_target_ids: :meth:`pair_inputs` takes target ids (rows of a [V, H] embedding) instead of
+            draft-vocabulary indices.
 
     Raises:
         ValueError: shapes that disagree, or heads that do not divide.
@@ -77,23 +106,24 @@ class EagleHead(nn.Module):
     embedding: torch.Tensor  # buffers (register_buffer), declared for the type checker
     head: torch.Tensor
 
-    def __init__(self, embedding: torch.Tensor, head: torch.Tensor, config: dict):
+    def __init__(self, embedding: torch.Tensor, head: torch.Tensor, config: dict, embeds_target_ids: bool = False):
         super().__init__()
         h = embedding.shape[1]
-        if embedding.shape[0] != head.shape[0] + 1 or head.shape[1] != h:
+        if (not embeds_target_ids and embedding.shape[0] != head.shape[0] + 1) or head.shape[1] != h:
             raise ValueError(f"embedding [N+1, H] {tuple(embedding.shape)} and head [N, H] {tuple(head.shape)} "
                              f"disagree")
+        self.embeds_target_ids = embeds_target_ids
         self.config = dict(config)
         self.heads, self.kv_heads = int(config["num_attention_heads"]), int(config["num_key_value_heads"])
-        self.head_dim, self.theta = int(config["head_dim"]), float(config["rope_theta"])
+        self.head_dim = int(config["head_dim"])
         if self.heads % self.kv_heads:
             raise ValueError(f"{self.heads} attention heads are not a multiple of {self.kv_heads} key/value heads")
         eps, inter = float(config["rms_norm_eps"]), int(config["intermediate_size"])
         self._inv_freq: dict[torch.device, torch.Tensor] = {}  # the rotary frequencies per device (rotate)
         self.register_buffer("embedding", embedding.detach().float().clone())
         self.register_buffer("head", head.detach().float().clone())
-        self.fc = nn.Linear(2 * h, h, bias=True)
-        self.input_norm = RMSNorm(h, eps)
+        self.fc = nn.Linear(2 * h, h, bias=bool(config.get("fc_bias", True)))
+        self.input_norm: nn.Module = RMSNorm(h, eps) if config.get("input_norm", True) else nn.Identity()
         self.q_proj = nn.Linear(h, self.heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=False)
@@ -114,9 +144,16 @@ class EagleHead(nn.Module):
         """H, the target's hidden size."""
         return self.embedding.shape[1]
 
+    def features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's hidden states as the wire brings them, [m, H x (1 + A)] (the last hidden state, then the
+        auxiliary layers' :func:`~spec_decode.proposers.speculators.aux_hidden_state_layers`), -> the [m, H] this
+        head reads: the last hidden state."""
+        return hidden[..., : self.hidden_size]
+
     def pair_inputs(self, state: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """The layer's inputs z [..., H] for pairs (state [..., H]: the target's hidden state, or the head's own
-        output when drafting; tokens [...]: int64 draft-vocabulary indices)."""
+        output when drafting; tokens [...]: int64 draft-vocabulary indices, or target ids with
+        ``embeds_target_ids``)."""
         return self.fc(torch.cat([self.embedding[tokens], state.to(self.embedding.dtype)], -1))
 
     def project(self, z: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -129,8 +166,7 @@ class EagleHead(nn.Module):
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         inv = self._inv_freq.get(z.device)
         if inv is None:  # float32 whatever the head's dtype (angles at long positions need it), once per device
-            d = self.head_dim
-            inv = self._inv_freq[z.device] = 1.0 / self.theta ** (torch.arange(0, d, 2, device=z.device).float() / d)
+            inv = self._inv_freq[z.device] = rope_inv_freq(self.config, self.head_dim).to(z.device)
         return rotate(q, positions, inv), rotate(k, positions, inv), v
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""The EAGLE proposer (``speculative_method=eagle``; vLLM's ``EagleProposer``): drafts with an
-:class:`~.model.EagleHead` from the target's hidden states, which travel with the steps.
+"""The EAGLE proposers (``speculative_method=eagle`` and ``eagle3``; vLLM's ``EagleProposer``): draft with an
+:class:`~.model.EagleHead` (EAGLE-1/2) or an :class:`~.eagle3.Eagle3Head` from the target's hidden states, which travel
+with the steps.
 
 Drafting from committed tokens x_0..x_n: the pairs j < n come from the target, and the last of them drafts x_{n+1};
 then pair n is (a_{n-1} in place of f_n, the drafted token), and so on: the head feeds its own output back, as it was
@@ -9,7 +10,7 @@ are scattered back to the target's vocabulary, zero elsewhere, so rejection samp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -18,38 +19,20 @@ from ...engine.draft_vocab import DraftVocab
 from ...engine.lru import SequenceLRU
 from ...engine.model_loading import resolve_device, resolve_dtype
 from ...sampling import NoisePurpose
-from ...settings import InvalidInputError, LMSettings, in_range
+from ...settings import InvalidInputError
 from ..base import Proposal, ProposalRequest, Proposer, confident, draft_token
-from .artifacts import resolve_eagle_path
+from ..speculators.base import SpeculatorSettings, check_hidden_states, head_served
+from ..speculators.layouts import aux_hidden_state_layers, served_heads
+from ..speculators.target import TargetInfo
 from .context import EagleContext
+from .eagle3 import Eagle3Head, load_eagle3
 from .model import EagleHead
-
-
-@dataclass(frozen=True)
-class EagleSettings(LMSettings):
-    """The head's config parameters: ``eagle_path``, ``eagle_min_token_prob`` and, as for the draft LM, ``device``,
-    ``dtype``, ``max_sequences`` (contexts kept, LRU).
-
-    Attributes:
-        eagle_path: ``auto`` (the head ``make speculator`` trains, when it exists; else none), ``""`` or ``none`` (not
-            served), or a folder with ``config.json`` and ``eagle.safetensors``.
-        eagle_min_token_prob: a step drafts its next slot while the product of its drafts' probabilities so far and
-            the slot's top probability is >= this, in [0, 1]; 0 drafts every slot. Every draft slot costs a scored
-            position whether accepted or not, so an unsure head should stop early (EAGLE-2 prunes its draft trees by
-            the same confidence; suffix decoding's ``suffix_min_token_prob``).
-    """
-
-    eagle_path: str = "auto"
-    eagle_min_token_prob: float = 0.3
-
-    def check(self) -> None:
-        """As :meth:`~spec_decode.settings.LMSettings.check`, and eagle_min_token_prob in [0, 1]."""
-        super().check()
-        in_range("eagle_min_token_prob", self.eagle_min_token_prob, 0.0, 1.0)
+from .published import load_eagle1
 
 
 class EagleProposer(Proposer):
-    """Drafts with an :class:`EagleHead` from the target's hidden states (``speculative_method=eagle``).
+    """Drafts with an EAGLE head from the target's hidden states: ``speculative_method=eagle`` serves a published
+    EAGLE-1/2 head (:func:`~.published.load_eagle1`), its subclass :class:`Eagle3Proposer` an EAGLE-3 one.
 
     Each sequence keeps a context in the head (:class:`~.context.EagleContext`, LRU over ``max_sequences``): the keys
     and values of its pairs, extended every step with the hidden states the step brings (those of the positions the
@@ -66,67 +49,67 @@ class EagleProposer(Proposer):
     (what hybrid compares with the suffix score).
 
     Args:
-        model: the head (on its device and dtype).
-        vocab: its pruned vocabulary over the target's.
+        model: the head (:class:`~.model.EagleHead` or :class:`~.eagle3.Eagle3Head`, on its device and dtype).
+        vocab: its draft vocabulary over the target's.
         min_token_prob: the confidence under which a step stops drafting, in [0, 1].
         max_sequences: contexts kept (LRU), >= 1.
     """
 
     name = "eagle"
     applies_processors = True
-    Settings = EagleSettings
+    Settings = SpeculatorSettings
     needs_hidden_states = True
+    purpose = NoisePurpose.EAGLE
     GAUGES = {
         "spec_decode_eagle_cache_sequences": "Sequences holding a context in the EAGLE head",
         "spec_decode_eagle_cache_pairs": "Positions held in the EAGLE head's contexts",
     }
 
-    def __init__(self, model: EagleHead, vocab: DraftVocab, min_token_prob: float = 0.0, max_sequences: int = 64):
+    def __init__(self, model: EagleHead | Eagle3Head, vocab: DraftVocab, min_token_prob: float = 0.0,
+                 max_sequences: int = 64):
         self.model, self.vocab, self.min_token_prob = model, vocab, min_token_prob
         self._contexts: SequenceLRU[EagleContext] = SequenceLRU(max_sequences)
 
     @classmethod
-    def configured(cls, settings: EagleSettings) -> bool:
-        """Whether ``eagle_path`` names a head (``auto``: when ``make speculator`` has built it)."""
-        try:
-            return resolve_eagle_path(settings.eagle_path) is not None
-        except FileNotFoundError:
-            return False
+    def configured(cls, settings: SpeculatorSettings) -> bool:
+        """Whether ``speculator_path`` names a head of this method (``auto``: the one ``make speculator`` built)."""
+        return head_served(cls.name, settings)
 
     @classmethod
-    def from_config(cls, settings: EagleSettings, served) -> EagleProposer | None:
-        """The head of ``eagle_path`` on the configured device, or None when there is none.
+    def load(cls, folder: Path, target: TargetInfo, settings: SpeculatorSettings) -> tuple[EagleHead | Eagle3Head,
+                                                                                           DraftVocab]:
+        """The head in ``folder`` (float32, CPU) and its vocabulary, checked against ``target``.
 
         Raises:
-            FileNotFoundError: a folder without a head.
+            SpeculatorLoadError: naming the file and the key that does not fit.
+        """
+        return load_eagle1(folder, target)
+
+    @classmethod
+    def from_config(cls, settings: SpeculatorSettings, served) -> EagleProposer | None:
+        """The head of this method in ``speculator_path`` on the configured device, or None when there is none.
+
+        Raises:
+            SpeculatorLoadError: a folder that does not load (naming the file and key).
             ValueError: CUDA asked for but not available.
         """
-        path = resolve_eagle_path(settings.eagle_path)
+        path = served_heads(settings.speculator_path).get(cls.name)
         if path is None:
             return None
+        model, vocab = cls.load(path, settings.target(), settings)
         device = resolve_device(settings.device)
-        model, vocab = EagleHead.load(path)
         return cls(model.to(device=device, dtype=resolve_dtype(settings.dtype, device)), vocab,
-                   settings.eagle_min_token_prob, settings.max_sequences)
+                   settings.speculator_min_token_prob, settings.max_sequences)
 
     def check(self, request: ProposalRequest) -> None:
-        """A request's hidden states must be [m, H] with H the target's hidden size, m below the number of committed
-        ids (they are the states of the positions before the last one), and finite. A sequence whose drafts would
-        pass the target's positions is not refused: it drafts fewer, or none (:meth:`room`).
+        """A request's hidden states must be [m, H x (1 + A)] with H the target's hidden size, m below the number of
+        committed ids (they are the states of the positions before the last one), and finite. A sequence whose drafts
+        would pass the target's positions is not refused: it drafts fewer, or none (:meth:`room`).
 
         Raises:
             InvalidInputError: naming ``context_hidden_states``.
         """
-        h = request.hidden_states
-        if h is None or not len(h):
-            return
-        size = self.model.hidden_size
-        if h.ndim != 2 or h.shape[1] != size or h.shape[0] >= len(request.token_ids):
-            raise InvalidInputError("context_hidden_states", f"must be [m, {size}] (the target's hidden states at "
-                                    f"the m < {len(request.token_ids)} positions before the last token), got "
-                                    f"{list(h.shape)}")
-        if not torch.isfinite(h).all():
-            raise InvalidInputError("context_hidden_states", "must be finite")
+        check_hidden_states(request, self.model.hidden_size)
 
     def room(self, request: ProposalRequest) -> int:
         """How many drafts ``request`` may get: its k, capped at the positions the target (and the head's rotary
@@ -170,8 +153,11 @@ class EagleProposer(Proposer):
         ctx.length, ctx.ids = held, list(ids)
         lo = ctx.start + held
         dev = m.head.device
-        features = hidden[lo - first :].to(device=dev, dtype=m.head.dtype)
-        tokens = torch.tensor(self.vocab.map_ids(ids[lo + 1 :]), device=dev)
+        features = m.features(hidden[lo - first :]).to(device=dev, dtype=m.head.dtype)
+        later = ids[lo + 1 :]
+        if m.embeds_target_ids:
+            self.vocab.map_ids(later)  # checks the range
+        tokens = torch.tensor(later if m.embeds_target_ids else self.vocab.map_ids(later), device=dev)
         return m.pair_inputs(features, tokens), torch.arange(lo, n, device=dev)
 
     def _take_in(self, requests: list[ProposalRequest]) -> tuple[list[int], list[EagleContext], torch.Tensor | None]:
@@ -221,7 +207,7 @@ class EagleProposer(Proposer):
                 keep, tokens = [], []
                 for row, j in enumerate(live):
                     r = requests[j]
-                    tok, probs = draft_token(logits[row], r, NoisePurpose.EAGLE, i, drafts[j], vocab.token_ids,
+                    tok, probs = draft_token(logits[row], r, self.purpose, i, drafts[j], vocab.token_ids,
                                              self.grammar, vocab.target_vocab_size)
                     if not confident(running[row], probs, self.min_token_prob):
                         continue
@@ -231,7 +217,7 @@ class EagleProposer(Proposer):
                     score[j] += running[row]
                     if len(drafts[j]) < ks[j] and running[row] >= self.min_token_prob:  # else no next slot can pass
                         keep.append(row)
-                        tokens.append(tok)
+                        tokens.append(drafts[j][-1] if self.model.embeds_target_ids else tok)
                 if not keep:
                     break
                 # the drafted pairs (own state, drafted token) at positions n + i; their keys go after the context's
@@ -258,5 +244,46 @@ class EagleProposer(Proposer):
 
     def gauges(self) -> dict[str, float]:
         """The head's contexts: sequences and positions held."""
-        return {"spec_decode_eagle_cache_sequences": len(self._contexts),
-                "spec_decode_eagle_cache_pairs": sum(c.length for c in self._contexts.values())}
+        return {f"spec_decode_{self.name}_cache_sequences": len(self._contexts),
+                f"spec_decode_{self.name}_cache_pairs": sum(c.length for c in self._contexts.values())}
+
+
+class Eagle3Proposer(EagleProposer):
+    """Drafts with an EAGLE-3 head (:class:`~.eagle3.Eagle3Head`; ``speculative_method=eagle3``): the head
+    ``make speculator`` trains (``speculator_path: auto``) or a published one. It reads the auxiliary layers' hidden
+    states that target_model returns beside its last one (:func:`~spec_decode.proposers.speculators.
+    aux_hidden_state_layers`)."""
+
+    name = "eagle3"
+    purpose = NoisePurpose.EAGLE3
+    GAUGES = {
+        "spec_decode_eagle3_cache_sequences": "Sequences holding a context in the EAGLE-3 head",
+        "spec_decode_eagle3_cache_pairs": "Positions held in the EAGLE-3 head's contexts",
+    }
+
+    def check(self, request: ProposalRequest) -> None:
+        """As :meth:`EagleProposer.check`, and the hidden states must carry the layers the head reads.
+
+        Raises:
+            InvalidInputError: naming ``context_hidden_states``.
+        """
+        super().check(request)
+        h = request.hidden_states
+        model = self.model
+        assert isinstance(model, Eagle3Head)
+        need = model.hidden_size * (1 + max(model.aux_columns))
+        if h is not None and len(h) and h.shape[1] < need:
+            raise InvalidInputError("context_hidden_states", f"must be [m, {need}] or wider for the EAGLE-3 head (the "
+                                    f"target's last hidden state and the inputs of the layers it reads: "
+                                    f"target_model's aux_hidden_state_layers), got {list(h.shape)}")
+
+    @classmethod
+    def load(cls, folder: Path, target: TargetInfo, settings: SpeculatorSettings) -> tuple[EagleHead | Eagle3Head,
+                                                                                           DraftVocab]:
+        """The EAGLE-3 head in ``folder``, reading its layers' columns of the hidden states the target returns for
+        ``speculator_path``'s heads.
+
+        Raises:
+            SpeculatorLoadError: naming the file and the key that does not fit.
+        """
+        return load_eagle3(folder, target, aux_hidden_state_layers(settings.speculator_path, target.num_layers))

@@ -1,0 +1,50 @@
+"""The target's auxiliary hidden states: the inputs of chosen decoder layers, which an EAGLE-3 head drafts from.
+
+EAGLE-3 (Li et al. 2025, arXiv 2503.01840) reads three of the target's layers rather than its last one; vLLM returns
+them as ``aux_hidden_states`` (the residual stream entering each named layer, ``model_executor/models/llama.py``).
+:class:`AuxHiddenStates` captures the same tensors with forward pre-hooks on those layers, so the decoder's forward is
+unchanged and nothing else is kept.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class AuxHiddenStates:
+    """Forward pre-hooks on a decoder's layers ``layers`` that keep each one's input of the latest forward.
+
+    Args:
+        decoder: a transformers decoder (``*Model``) with ``layers`` (an ``nn.ModuleList`` of L decoder layers).
+        layers: layer ids in [0, L), distinct; empty: no hooks, :meth:`extend` returns its input.
+
+    Raises:
+        ValueError: an id out of range or repeated, or a decoder without ``layers``.
+    """
+
+    def __init__(self, decoder: nn.Module, layers: list[int]):
+        stack = getattr(decoder, "layers", None)
+        if layers and not isinstance(stack, nn.ModuleList):
+            raise ValueError("the target's decoder has no `layers` to read auxiliary hidden states from")
+        n = len(stack) if isinstance(stack, nn.ModuleList) else 0
+        if len(set(layers)) != len(layers) or any(not 0 <= i < n for i in layers):
+            raise ValueError(f"auxiliary hidden-state layers must be distinct ids in [0, {n}), got {layers}")
+        self.layers = list(layers)
+        self._latest: dict[int, torch.Tensor] = {}
+        for i in self.layers:
+            assert isinstance(stack, nn.ModuleList)
+            stack[i].register_forward_pre_hook(self._hook(i), with_kwargs=True)
+
+    def _hook(self, i: int):
+        def keep(_module, args, kwargs):
+            self._latest[i] = args[0] if args else kwargs["hidden_states"]
+        return keep
+
+    def extend(self, hidden: torch.Tensor, n_keep: int) -> torch.Tensor:
+        """The last hidden states [B, n_keep, H] of the forward just run, followed by each layer's input at the same
+        positions: [B, n_keep, H x (1 + len(layers))] (``hidden`` itself when there are no layers)."""
+        if not self.layers:
+            return hidden
+        parts = [hidden] + [self._latest.pop(i)[:, -n_keep:].to(hidden.dtype) for i in self.layers]
+        return torch.cat(parts, -1)

@@ -1,0 +1,297 @@
+"""The EAGLE-3 head (Li et al. 2025, arXiv 2503.01840) and its published layout.
+
+EAGLE-3 drafts from three of the target's layers instead of its last one. Pair j joins the target's auxiliary hidden
+states at position j (the inputs of layers 2, L // 2 and L - 3, or the ids its config names) with the embedding of
+x_{j+1}:
+
+    g_j   = fc [a_j^(1); a_j^(2); a_j^(3)]                          [3H] -> [H], no bias (the head's own output
+                                                                    a'_{j-1} [H] in place of g_j when drafting)
+    u_j   = [RMSNorm_in(E(x_{j+1})); RMSNorm_hidden(g_j)]           [2H]: the attention's input
+    h_j   = g_j + Attn(u_0..u_j);  a'_j = h_j + MLP(RMSNorm_post(h_j))  one decoder layer (residual: g_j)
+    q_j   = softmax(lm_head(RMSNorm(a'_j)))                         over the head's draft vocabulary
+
+E is the target's input embedding (full vocabulary, frozen); lm_head covers a draft vocabulary of N target tokens,
+draft index i being target token ``i + d2t[i]``. The layout, as the EAGLE authors' trainer (SafeAILab/EAGLE
+``eagle/traineagle3``) writes it and vLLM (``model_executor/models/llama_eagle3.py``) and SGLang load it:
+``config.json`` (``architectures: ["LlamaForCausalLMEagle3"]``, or the trainer's ``LlamaForCausalLM`` with
+``draft_vocab_size``; sizes, rope settings, optionally ``eagle_config.eagle_aux_hidden_state_layer_ids``) and weights
+(``pytorch_model.bin`` or ``model.safetensors``): ``fc.weight``, ``midlayer.{input_layernorm, hidden_norm,
+post_attention_layernorm}.weight``, ``midlayer.self_attn.{q,k,v,o}_proj.weight``, ``midlayer.mlp.{gate,up,
+down}_proj.weight``, ``norm.weight``, ``lm_head.weight``, ``d2t`` [N] int64, ``t2d`` [V] bool, and optionally
+``embed_tokens.weight`` (else the target's is shared).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...engine.draft_vocab import DraftVocab
+from ..speculators.checkpoint import (
+    SpeculatorLoadError,
+    config_int,
+    expect,
+    find_weights,
+    load_weights,
+    read_config,
+    take,
+)
+from ..speculators.layouts import eagle3_layer_ids
+from ..speculators.target import TargetInfo
+from .model import RMSNorm, rope_inv_freq, rotate
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+WEIGHTS_FILE = "model.safetensors"
+# head weight name in the published layout -> this module's parameter name
+_NAMES = {
+    "fc.weight": "fc.weight",
+    "midlayer.input_layernorm.weight": "input_norm.weight",
+    "midlayer.hidden_norm.weight": "hidden_norm.weight",
+    "midlayer.post_attention_layernorm.weight": "post_norm.weight",
+    "midlayer.self_attn.q_proj.weight": "q_proj.weight",
+    "midlayer.self_attn.k_proj.weight": "k_proj.weight",
+    "midlayer.self_attn.v_proj.weight": "v_proj.weight",
+    "midlayer.self_attn.o_proj.weight": "o_proj.weight",
+    "midlayer.mlp.gate_proj.weight": "gate_proj.weight",
+    "midlayer.mlp.up_proj.weight": "up_proj.weight",
+    "midlayer.mlp.down_proj.weight": "down_proj.weight",
+    "norm.weight": "norm.weight",
+    "lm_head.weight": "lm_head.weight",
+}
+
+
+class Eagle3Head(nn.Module):
+    """The EAGLE-3 head, with the same drafting interface as :class:`~.model.EagleHead` (``features``,
+    ``pair_inputs``, ``project``, ``attend``, ``finish``, ``layer``, ``logits``), so that
+    :class:`~.proposer.EagleProposer` drafts with either.
+
+    Args:
+        embedding: [V, H] the target's input embedding (frozen).
+        config: ``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``, ``intermediate_size``,
+            ``rms_norm_eps``, ``draft_vocab_size``; optional ``head_dim`` (default H / heads), ``rope_theta``,
+            ``rope_scaling``, ``max_position_embeddings`` (0: no bound).
+        num_aux: how many target layers ``fc`` reads (3).
+        aux_columns: the column blocks of the wire's hidden states holding those layers, in ``fc``'s order (block 0
+            is the last hidden state; default 1..num_aux).
+
+    Raises:
+        ValueError: heads that do not divide, or an embedding of another width.
+    """
+
+    embeds_target_ids = True  # pair_inputs takes target ids (its embedding is the target's whole one)
+    embedding: torch.Tensor  # buffer
+
+    def __init__(self, embedding: torch.Tensor, config: dict, num_aux: int = 3, aux_columns: list[int] | None = None):
+        super().__init__()
+        h = int(config["hidden_size"])
+        if embedding.ndim != 2 or embedding.shape[1] != h:
+            raise ValueError(f"embedding {tuple(embedding.shape)} is not [V, {h}]")
+        self.config = dict(config)
+        self.heads, self.kv_heads = int(config["num_attention_heads"]), int(config["num_key_value_heads"])
+        self.head_dim = int(config.get("head_dim") or h // self.heads)
+        if self.heads % self.kv_heads:
+            raise ValueError(f"{self.heads} attention heads are not a multiple of {self.kv_heads} key/value heads")
+        eps, inter, n = float(config["rms_norm_eps"]), int(config["intermediate_size"]), int(config["draft_vocab_size"])
+        self.aux_columns = list(aux_columns or range(1, num_aux + 1))
+        self._inv_freq: dict[torch.device, torch.Tensor] = {}
+        self.register_buffer("embedding", embedding.detach().float().clone())
+        self.fc = nn.Linear(num_aux * h, h, bias=False)
+        self.input_norm = RMSNorm(h, eps)
+        self.hidden_norm = RMSNorm(h, eps)
+        self.q_proj = nn.Linear(2 * h, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * h, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * h, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, h, bias=False)
+        self.post_norm = RMSNorm(h, eps)
+        self.gate_proj = nn.Linear(h, inter, bias=False)
+        self.up_proj = nn.Linear(h, inter, bias=False)
+        self.down_proj = nn.Linear(inter, h, bias=False)
+        self.norm = RMSNorm(h, eps)
+        self.lm_head = nn.Linear(h, n, bias=False)
+
+    @property
+    def head(self) -> torch.Tensor:
+        """[N, H] the LM head over the draft vocabulary (its device and dtype are the head's)."""
+        return self.lm_head.weight
+
+    @property
+    def hidden_size(self) -> int:
+        """H, the target's hidden size."""
+        return self.embedding.shape[1]
+
+    @property
+    def max_positions(self) -> int:
+        """The bound on positions it drafts for (the target's, recorded at load); 0: none known."""
+        return int(self.config.get("max_position_embeddings", 0) or 0)
+
+    def features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[m, H x (1 + A)] hidden states as the wire brings them -> [m, num_aux x H]: this head's layers'
+        blocks, in its ``fc``'s order."""
+        h = self.hidden_size
+        return torch.cat([hidden[..., c * h : (c + 1) * h] for c in self.aux_columns], -1)
+
+    def pair_inputs(self, state: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The layer's inputs [..., 3H]: (residual g, normed embedding, normed g) for pairs of ``state`` (the target's
+        auxiliary states [..., num_aux x H], through ``fc``; or the head's own output [..., H] when drafting) and
+        ``tokens`` [...] int64 target ids."""
+        g = state.to(self.embedding.dtype)
+        if g.shape[-1] != self.hidden_size:
+            g = self.fc(g)
+        return torch.cat([g, self.input_norm(self.embedding[tokens]), self.hidden_norm(g)], -1)
+
+    def project(self, z: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rotated queries [B, heads, T, D], keys and values [B, kv_heads, T, D] of inputs z [B, T, 3H] (from their
+        [2H] attention part) at ``positions`` [B, T]."""
+        b, t, _ = z.shape
+        x = z[..., self.hidden_size :]
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        inv = self._inv_freq.get(z.device)
+        if inv is None:
+            inv = self._inv_freq[z.device] = rope_inv_freq(self.config, self.head_dim).to(z.device)
+        return rotate(q, positions, inv), rotate(k, positions, inv), v
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Grouped-query attention (as :meth:`~.model.EagleHead.attend`): [B, T, heads x D]."""
+        att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        return att.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+    def finish(self, z: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
+        """The layer's output a' [..., H] before the final norm (what drafting feeds back) from inputs z [..., 3H]
+        and their attention [..., heads x D]."""
+        h = z[..., : self.hidden_size] + self.o_proj(att)
+        x = self.post_norm(h)
+        return h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    def layer(self, z: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+              past: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, tuple]:
+        """As :meth:`~.model.EagleHead.layer`, z [B, T, 3H]."""
+        q, k, v = self.project(z, positions)
+        keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
+        return self.finish(z, self.attend(q, keys, values, mask)), (k, v)
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """[..., H] layer outputs -> [..., N] logits over the draft vocabulary (final norm, then lm_head)."""
+        return self.lm_head(self.norm(out))
+
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced outputs [B, T, H] of pairs (features [B, T, num_aux x H], tokens [B, T] target ids of
+        x_{j+1}, positions [B, T]), causal."""
+        t = features.shape[1]
+        causal = torch.ones(t, t, dtype=torch.bool, device=features.device).tril()[None, None]
+        return self.layer(self.pair_inputs(features, tokens), positions, causal)[0]
+
+    def save(self, folder: Path, vocab: DraftVocab, layer_ids: list[int], extra: dict | None = None,
+             dtype: torch.dtype = torch.float16, with_embedding: bool = True) -> None:
+        """Write the published layout (module docstring) into ``folder``: ``config.json`` and ``model.safetensors``
+        (``dtype``, float16 as published; ``d2t``/``t2d`` as the trainer computes them), with the target's
+        embedding when ``with_embedding`` (vLLM and SGLang take it when present, else share the target's).
+
+        Args:
+            vocab: the draft vocabulary (draft index i = target id ``vocab.token_ids[i]``), ascending ids.
+            layer_ids: the target layers ``fc`` reads (``eagle_config.eagle_aux_hidden_state_layer_ids``).
+            extra: more config keys (the training report's summary).
+        """
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        own = self.state_dict()
+        state = {pub: own[mine].to(dtype).contiguous() for pub, mine in _NAMES.items()}
+        ids = vocab.token_ids
+        state["d2t"] = (ids - torch.arange(len(ids))).to(torch.int64)
+        t2d = torch.zeros(vocab.target_vocab_size, dtype=torch.bool)
+        t2d[ids] = True
+        state["t2d"] = t2d
+        if with_embedding:
+            state["embed_tokens.weight"] = self.embedding.to(dtype).contiguous()
+        save_file(state, str(folder / WEIGHTS_FILE))
+        c = self.config
+        cfg = {"architectures": [ARCHITECTURE], "model_type": "llama", "hidden_size": self.hidden_size,
+               "intermediate_size": self.gate_proj.out_features, "num_attention_heads": self.heads,
+               "num_key_value_heads": self.kv_heads, "head_dim": self.head_dim, "num_hidden_layers": 1,
+               "rms_norm_eps": float(c["rms_norm_eps"]), "rope_theta": float(c.get("rope_theta", 10000.0)),
+               "rope_scaling": c.get("rope_scaling"), "max_position_embeddings": self.max_positions or 2048,
+               "vocab_size": vocab.target_vocab_size, "draft_vocab_size": len(vocab), "hidden_act": "silu",
+               "bias": False, "tie_word_embeddings": False, "torch_dtype": str(dtype).removeprefix("torch."),
+               "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids), "use_aux_hidden_state": True},
+               **(extra or {})}
+        (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+def load_eagle3(folder: Path, target: TargetInfo, aux_layers: list[int] | None = None) -> tuple[Eagle3Head, DraftVocab]:
+    """An EAGLE-3 folder (module docstring) as a float32 :class:`Eagle3Head` on the CPU, and its draft vocabulary,
+    checked against the target.
+
+    Args:
+        folder: the head's folder.
+        target: the target it drafts for (sizes; its embedding when the folder has none).
+        aux_layers: the layers the target returns, in the wire's order (:func:`~spec_decode.proposers.speculators.
+            aux_hidden_state_layers`); default: this head's own.
+
+    Raises:
+        SpeculatorLoadError: naming the file and the key that does not fit: ``hidden_size``, ``vocab_size``,
+            ``draft_vocab_size``, a missing or misshapen weight, ``d2t`` ids outside the target's vocabulary,
+            ``eagle_aux_hidden_state_layer_ids``, an unsupported ``rope_scaling``.
+    """
+    folder = Path(folder)
+    cfg_file = folder / "config.json"
+    cfg = read_config(folder)
+    h, v = target.hidden_size, target.vocab_size
+    expect(cfg, "hidden_size", h, cfg_file, "the target's hidden size")
+    expect(cfg, "vocab_size", v, cfg_file, "the target's vocabulary")
+    n = config_int(cfg, "draft_vocab_size", cfg_file, default=v)
+    heads = config_int(cfg, "num_attention_heads", cfg_file)
+    kv = config_int(cfg, "num_key_value_heads", cfg_file, default=heads)
+    d = config_int(cfg, "head_dim", cfg_file, default=h // heads)
+    inter = config_int(cfg, "intermediate_size", cfg_file)
+    ids = eagle3_layer_ids(cfg, target.num_layers, cfg_file)
+    wire = aux_layers if aux_layers is not None else sorted(set(ids))
+    file = find_weights(folder)
+    state = load_weights(file)
+    why = f"hidden size {h}, {heads} heads of {d}, {kv} key/value heads, MLP {inter}, {len(ids)} target layers"
+    shapes = {"fc.weight": (h, len(ids) * h), "midlayer.input_layernorm.weight": (h,),
+              "midlayer.hidden_norm.weight": (h,), "midlayer.post_attention_layernorm.weight": (h,),
+              "midlayer.self_attn.q_proj.weight": (heads * d, 2 * h),
+              "midlayer.self_attn.k_proj.weight": (kv * d, 2 * h), "midlayer.self_attn.v_proj.weight": (kv * d, 2 * h),
+              "midlayer.self_attn.o_proj.weight": (h, heads * d), "midlayer.mlp.gate_proj.weight": (inter, h),
+              "midlayer.mlp.up_proj.weight": (inter, h), "midlayer.mlp.down_proj.weight": (h, inter),
+              "norm.weight": (h,), "lm_head.weight": (n, h)}
+    weights = {mine: take(state, pub, shapes[pub], file, why) for pub, mine in _NAMES.items()}
+    if "d2t" in state:
+        d2t = state["d2t"].to(torch.int64).reshape(-1)
+        if d2t.numel() != n:
+            raise SpeculatorLoadError(file, "d2t", f"{d2t.numel()} offsets, expected draft_vocab_size {n}")
+        token_ids = torch.arange(n) + d2t
+    elif n == v:
+        token_ids = torch.arange(v)
+    else:
+        raise SpeculatorLoadError(file, "d2t", f"missing weight (a draft vocabulary of {n} < {v} tokens needs it)")
+    if token_ids.min() < 0 or token_ids.max() >= v or torch.unique(token_ids).numel() != n:
+        raise SpeculatorLoadError(file, "d2t", f"maps the draft vocabulary outside the target's [0, {v}) or onto "
+                                               f"one token twice")
+    if "embed_tokens.weight" in state:
+        embedding = take(state, "embed_tokens.weight", (v, h), file, f"the target's vocabulary {v} x hidden {h}")
+    else:
+        embedding = target.embeddings()
+    config = {"hidden_size": h, "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": d,
+              "intermediate_size": inter, "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-5)),
+              "draft_vocab_size": n, "rope_theta": float(cfg.get("rope_theta", 10000.0) or 10000.0),
+              "rope_scaling": cfg.get("rope_scaling") or cfg.get("rope_parameters"),
+              "max_position_embeddings": target.max_position_embeddings}
+    try:
+        rope_inv_freq(config, d)
+    except (ValueError, KeyError, TypeError) as e:
+        raise SpeculatorLoadError(cfg_file, "rope_scaling", str(e)) from None
+    missing = [i for i in ids if i not in wire]
+    if missing:
+        raise SpeculatorLoadError(cfg_file, "eagle_aux_hidden_state_layer_ids",
+                                  f"layers {missing} are not among those the target returns ({wire})")
+    model = Eagle3Head(embedding, config, len(ids), [1 + wire.index(i) for i in ids])
+    model.load_state_dict({**weights, "embedding": embedding})
+    return model.eval(), DraftVocab(token_ids, v)

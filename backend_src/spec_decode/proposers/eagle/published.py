@@ -1,0 +1,125 @@
+"""Published EAGLE-1/2 heads, as their authors and vLLM publish them, loaded into an :class:`~.model.EagleHead`.
+
+Two layouts (:func:`load_eagle1`):
+
+- the authors' (SafeAILab/EAGLE, ``yuhuili/EAGLE-*`` on the Hugging Face hub; EAGLE-2 drafts with the same heads):
+  ``config.json`` is a plain one-layer ``LlamaForCausalLM`` config (``"bias": false`` drops ``fc``'s bias, present by
+  default), weights ``pytorch_model.bin`` (or safetensors): ``fc.weight`` [H, 2H] over [embedding; hidden state],
+  ``fc.bias``, one decoder layer ``layers.0.*`` without its input norm, and ``embed_tokens.weight``, a frozen copy of
+  the target's; the LM head is the target's (the folder has none).
+- vLLM's conversion (``vllm/model_executor/models/eagle.py``, ``transformers_utils/configs/eagle.py``): config
+  ``EAGLEModel`` / ``model_type: eagle`` with the Llama config under ``model`` (``eagle_fc_bias``, ``skip_prenorm``,
+  ``truncated_vocab_size``), weights ``fc.*``, ``model.layers.0.*``, ``model.embed_tokens.weight``, ``lm_head.weight``
+  and, for a truncated vocabulary, ``token_map`` (the target ids of its LM head's rows).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...engine.draft_vocab import DraftVocab
+from ..speculators.checkpoint import (
+    SpeculatorLoadError,
+    config_int,
+    expect,
+    find_weights,
+    load_weights,
+    read_config,
+    take,
+)
+from ..speculators.target import TargetInfo
+from .model import EagleHead, rope_inv_freq
+
+_LAYER = {  # published name under layers.0. -> EagleHead parameter
+    "self_attn.q_proj.weight": "q_proj.weight", "self_attn.k_proj.weight": "k_proj.weight",
+    "self_attn.v_proj.weight": "v_proj.weight", "self_attn.o_proj.weight": "o_proj.weight",
+    "mlp.gate_proj.weight": "gate_proj.weight", "mlp.up_proj.weight": "up_proj.weight",
+    "mlp.down_proj.weight": "down_proj.weight", "post_attention_layernorm.weight": "post_norm.weight",
+}
+
+
+def _normalise(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Weight names without vLLM's ``model.`` prefix (``model.model.x`` -> ``x`` as vLLM reads them)."""
+    out = {}
+    for name, t in state.items():
+        while name.startswith("model."):
+            name = name[len("model."):]
+        out[name] = t
+    return out
+
+
+def load_eagle1(folder: Path, target: TargetInfo) -> tuple[EagleHead, DraftVocab]:
+    """A published EAGLE-1/2 head (module docstring) as a float32 :class:`~.model.EagleHead` on the CPU, with its
+    vocabulary (the target's whole one, or vLLM's ``token_map``), checked against the target.
+
+    Raises:
+        SpeculatorLoadError: naming the file and the key that does not fit: ``hidden_size``, ``vocab_size``,
+            ``num_hidden_layers`` (one layer), a missing or misshapen weight, an unsupported option
+            (``skip_output_norm: false``), ``token_map`` ids outside the target's vocabulary.
+    """
+    folder = Path(folder)
+    cfg_file = folder / "config.json"
+    top = read_config(folder)
+    vllm = "EAGLEModel" in (top.get("architectures") or []) or top.get("model_type") == "eagle"
+    cfg: dict[str, Any] = top["model"] if vllm and isinstance(top.get("model"), dict) else top
+    h, v = target.hidden_size, target.vocab_size
+    expect(cfg, "hidden_size", h, cfg_file, "the target's hidden size")
+    expect(cfg, "vocab_size", v, cfg_file, "the target's vocabulary")
+    if config_int(cfg, "num_hidden_layers", cfg_file, default=1) != 1:
+        raise SpeculatorLoadError(cfg_file, "num_hidden_layers", f"{cfg['num_hidden_layers']}: an EAGLE head has "
+                                                                 f"one decoder layer")
+    if vllm and cfg.get("skip_output_norm") is False:
+        raise SpeculatorLoadError(cfg_file, "skip_output_norm", "false is not supported (EAGLE-1 heads have no "
+                                                                "output norm)")
+    input_norm = vllm and cfg.get("skip_prenorm") is False
+    bias = bool(top.get("eagle_fc_bias", False)) if vllm else bool(top.get("bias", True))
+    heads = config_int(cfg, "num_attention_heads", cfg_file)
+    kv = config_int(cfg, "num_key_value_heads", cfg_file, default=heads)
+    d = config_int(cfg, "head_dim", cfg_file, default=h // heads)
+    inter = config_int(cfg, "intermediate_size", cfg_file)
+    file = find_weights(folder)
+    state = _normalise(load_weights(file))
+    why = f"hidden size {h}, {heads} heads of {d}, {kv} key/value heads, MLP {inter}"
+    shapes = {"q_proj.weight": (heads * d, h), "k_proj.weight": (kv * d, h), "v_proj.weight": (kv * d, h),
+              "o_proj.weight": (h, heads * d), "gate_proj.weight": (inter, h), "up_proj.weight": (inter, h),
+              "down_proj.weight": (h, inter), "post_norm.weight": (h,)}
+    weights = {mine: take(state, f"layers.0.{pub}", shapes[mine], file, why) for pub, mine in _LAYER.items()}
+    weights["fc.weight"] = take(state, "fc.weight", (h, 2 * h), file, f"[embedding; hidden state] of hidden size {h}")
+    if bias:
+        weights["fc.bias"] = take(state, "fc.bias", (h,), file, "the config asks for fc's bias")
+    if input_norm:
+        weights["input_norm.weight"] = take(state, "layers.0.input_layernorm.weight", (h,), file, "skip_prenorm false")
+    embedding = (take(state, "embed_tokens.weight", (v, h), file, f"the target's vocabulary {v} x hidden {h}")
+                 if "embed_tokens.weight" in state else target.embeddings())
+    n = config_int(top, "truncated_vocab_size", cfg_file, default=v) if vllm else v
+    if "lm_head.weight" in state:
+        head = take(state, "lm_head.weight", (n, h), file, f"vocabulary {n} x hidden {h}")
+    else:
+        if n != v:
+            raise SpeculatorLoadError(file, "lm_head.weight",
+                                      f"missing weight (a truncated vocabulary of {n} needs it)")
+        head = target.lm_head()
+    if n != v:
+        token_ids = take(state, "token_map", (n,), file, "truncated_vocab_size").to(torch.int64) \
+            if "token_map" in state else None
+        if token_ids is None:
+            raise SpeculatorLoadError(file, "token_map", f"missing weight (a truncated vocabulary of {n} needs it)")
+        if token_ids.min() < 0 or token_ids.max() >= v or torch.unique(token_ids).numel() != n:
+            raise SpeculatorLoadError(file, "token_map", f"ids must be distinct and lie in [0, {v})")
+    else:
+        token_ids = torch.arange(v)
+    config = {"num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": d, "intermediate_size": inter,
+              "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
+              "rope_theta": float(cfg.get("rope_theta", 10000.0) or 10000.0),
+              "rope_scaling": cfg.get("rope_scaling") or cfg.get("rope_parameters"),
+              "max_position_embeddings": target.max_position_embeddings, "input_norm": input_norm, "fc_bias": bias}
+    try:
+        rope_inv_freq(config, d)
+    except (ValueError, KeyError, TypeError) as e:
+        raise SpeculatorLoadError(cfg_file, "rope_scaling", str(e)) from None
+    model = EagleHead(embedding, head, config, embeds_target_ids=True)
+    model.load_state_dict({**weights, "embedding": embedding, "head": head}, strict=True)
+    return model.eval(), DraftVocab(token_ids, v)

@@ -1,0 +1,162 @@
+"""Reading a published speculator's folder: its ``config.json`` and weights, with load errors that name the file and
+the key that does not fit.
+
+Published heads come as Hugging Face folders: ``config.json`` plus one weights file, safetensors or a PyTorch pickle
+(``pytorch_model.bin``, Medusa's ``medusa_lm_head.pt``). Pickles are read with ``torch.load(weights_only=True)``, which
+refuses anything but tensors and plain containers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CONFIG_FILE = "config.json"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+class SpeculatorLoadError(ValueError):
+    """A speculator folder that cannot be served.
+
+    Attributes:
+        file: the file at fault (``config.json``, a weights file, or the folder itself).
+        key: the config key or weight name that does not fit (``architectures``, ``hidden_size``,
+            ``fc.weight``, ...).
+        detail: what is wrong and what was expected.
+    """
+
+    def __init__(self, file: Path | str, key: str, detail: str):
+        self.file, self.key, self.detail = str(file), key, detail
+        super().__init__(f"speculator checkpoint {self.file}: {key!r}: {detail}")
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    """The folder's ``config.json`` as a dict.
+
+    Raises:
+        SpeculatorLoadError: no such file, or not a JSON object.
+    """
+    path = Path(folder) / CONFIG_FILE
+    if not path.is_file():
+        raise SpeculatorLoadError(folder, CONFIG_FILE, "missing: a speculator folder holds config.json and its weights")
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SpeculatorLoadError(path, CONFIG_FILE, f"not JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise SpeculatorLoadError(path, CONFIG_FILE, "must hold a JSON object")
+    return cfg
+
+
+def find_weights(folder: Path, preferred: tuple[str, ...] = ("model.safetensors", "pytorch_model.bin")) -> Path:
+    """The folder's weights file: the first of ``preferred`` that exists, else the only ``*.safetensors`` /
+    ``*.bin`` / ``*.pt`` file there.
+
+    Raises:
+        SpeculatorLoadError: none, or several candidates and none preferred.
+    """
+    folder = Path(folder)
+    for name in preferred:
+        if (folder / name).is_file():
+            return folder / name
+    found = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+    if len(found) != 1:
+        what = "none" if not found else ", ".join(p.name for p in found)
+        raise SpeculatorLoadError(folder, "weights", f"expected one weights file ({', '.join(preferred)}), "
+                                                     f"found {what}")
+    return found[0]
+
+
+def load_weights(file: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a weights file (safetensors, or a PyTorch pickle of tensors) on the CPU, as stored.
+
+    Raises:
+        SpeculatorLoadError: a file that does not read as either.
+    """
+    file = Path(file)
+    try:
+        if file.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(file))
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any reader error is a load error naming the file
+        raise SpeculatorLoadError(file, "weights", f"unreadable ({type(e).__name__}: {e})") from None
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise SpeculatorLoadError(file, "weights", "must hold a mapping of names to tensors")
+    return state
+
+
+def weight_names(file: Path) -> list[str]:
+    """The tensor names of a weights file, reading as little as the format allows (a safetensors header; a pickle is
+    memory-mapped).
+
+    Raises:
+        SpeculatorLoadError: as :func:`load_weights`.
+    """
+    file = Path(file)
+    if file.suffix == ".safetensors":
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(file), framework="pt") as f:
+                return list(f.keys())
+        except Exception as e:  # noqa: BLE001
+            raise SpeculatorLoadError(file, "weights", f"unreadable ({type(e).__name__}: {e})") from None
+    return list(load_weights(file))
+
+
+def take(state: dict[str, torch.Tensor], key: str, shape: tuple[int, ...], file: Path | str,
+         why: str = "") -> torch.Tensor:
+    """``state[key]`` as float32, checked to have ``shape`` (-1: any size there).
+
+    Args:
+        state: the loaded weights.
+        key: the weight name.
+        shape: the expected shape.
+        file: the weights file (for the error).
+        why: what the sizes come from, for the error (e.g. "hidden size 576 of the target").
+
+    Raises:
+        SpeculatorLoadError: the weight is missing or has another shape (naming the file and the key).
+    """
+    if key not in state:
+        near = sorted(state)[:8]
+        raise SpeculatorLoadError(file, key, f"missing weight (the file holds {len(state)}: {', '.join(near)}"
+                                             f"{', ...' if len(state) > len(near) else ''})")
+    t = state[key]
+    if t.ndim != len(shape) or any(s != -1 and s != d for s, d in zip(shape, t.shape)):
+        want = "x".join("*" if s == -1 else str(s) for s in shape)
+        raise SpeculatorLoadError(file, key, f"shape {list(t.shape)}, expected [{want}]" + (f" ({why})" if why else ""))
+    return t.float()
+
+
+def config_int(cfg: dict[str, Any], key: str, file: Path | str, default: int | None = None, low: int = 1) -> int:
+    """An integer config value >= ``low``; ``default`` when absent (None: required).
+
+    Raises:
+        SpeculatorLoadError: missing without a default, not an integer, or below ``low``.
+    """
+    if key not in cfg or cfg[key] is None:
+        if default is None:
+            raise SpeculatorLoadError(file, key, "missing from config.json")
+        return default
+    value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise SpeculatorLoadError(file, key, f"must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def expect(cfg: dict[str, Any], key: str, value: int, file: Path | str, what: str) -> None:
+    """Check that config ``key``, when present, equals ``value`` (the target's).
+
+    Raises:
+        SpeculatorLoadError: it differs: ``what`` names the target's size (e.g. "the target's hidden size").
+    """
+    if key in cfg and cfg[key] is not None and cfg[key] != value:
+        raise SpeculatorLoadError(file, key, f"{cfg[key]!r} does not fit {what} ({value})")

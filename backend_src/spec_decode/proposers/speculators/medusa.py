@@ -1,0 +1,325 @@
+"""Published Medusa heads (``speculative_method=medusa``): the head, its two published layouts, and the proposer.
+
+Medusa (Cai et al. 2024, FasterDecoding/Medusa) puts n small heads on the target's last hidden state h_t (after the
+final norm, the state whose LM head gives token t+1); head i predicts token t+2+i. Head i is L residual blocks
+``x <- x + SiLU(W x + b)`` followed by a projection to the vocabulary. In this server's terms (:class:`MedusaProposer`)
+the state that predicted the last committed token drafts the next ones: head i drafts slot i.
+
+Two layouts are published (:func:`load_medusa` tells them apart from ``config.json``):
+
+* FasterDecoding's (``medusa/model/medusa_model.py``, ``medusa/train``): ``config.json`` with ``medusa_num_heads``,
+  ``medusa_num_layers``, ``base_model_name_or_path``; weights ``medusa_lm_head.safetensors`` or ``medusa_lm_head.pt``,
+  the ``state_dict`` of an ``nn.ModuleList`` of ``nn.Sequential(ResBlock x L, Linear(H, V, bias=False))``: names
+  ``{i}.{j}.linear.weight`` / ``{i}.{j}.linear.bias`` and ``{i}.{L}.weight``. (Its heads repeat one ResBlock L times,
+  so its files hold L copies of the same block; each copy is read as its own block, which is the same maths.)
+* vLLM's conversion (``vllm/model_executor/models/medusa.py``, ``vllm/transformers_utils/configs/medusa.py``):
+  ``config.json`` with ``architectures: [MedusaModel]`` / ``model_type: medusa``, ``num_heads``,
+  ``num_hidden_layers``, ``hidden_size``, ``vocab_size``, optional ``truncated_vocab_size`` (with a ``token_map``
+  weight), ``original_lm_head``, ``medusa_fc_bias``, ``logit_scale``; names ``blocks.{i}.layers.{j}.weight`` /
+  ``.bias`` and ``lm_heads.{i}.weight`` (a ``medusa_heads.`` prefix is dropped, as vLLM does).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...sampling import NoisePurpose
+from ..base import Proposal, ProposalRequest, confident, draft_token
+from .base import HeadProposer
+from .checkpoint import (
+    CONFIG_FILE,
+    SpeculatorLoadError,
+    config_int,
+    expect,
+    find_weights,
+    load_weights,
+    read_config,
+    take,
+)
+from .target import TargetInfo
+
+FASTER_DECODING_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")  # FasterDecoding's weights file names
+VLLM_FILES = ("model.safetensors", "pytorch_model.bin")  # vLLM's converted checkpoints
+
+
+class MedusaHead(nn.Module):
+    """n Medusa heads over the target's last hidden state.
+
+    Head i: ``num_layers`` residual blocks ``x <- x + SiLU(Linear(x))`` (FasterDecoding's ``ResBlock``, vLLM's
+    ``ResidualBlock``), then a projection to the vocabulary without bias (its own, or one shared by every head: vLLM's
+    ``original_lm_head``). With a ``token_map`` (vLLM's ``truncated_vocab_size``) the projection covers only the
+    mapped ids and every other id gets -inf.
+
+    Args:
+        hidden_size: H.
+        vocab_size: V, the target's vocabulary.
+        num_heads: n >= 1.
+        num_layers: residual blocks per head, L >= 0.
+        bias: whether the blocks' linears have a bias (FasterDecoding: always; vLLM: ``medusa_fc_bias``).
+        shared_lm_head: one projection for every head (``original_lm_head``).
+        token_map: [V'] int64 distinct ids in [0, V) the projections' rows stand for, or None (V' = V).
+        logit_scale: factor on the logits (vLLM's ``logit_scale``; 1.0 otherwise).
+
+    Weights are zero-initialised: :func:`load_medusa` fills them.
+    """
+
+    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int, num_layers: int, bias: bool = True,
+                 shared_lm_head: bool = False, token_map: torch.Tensor | None = None, logit_scale: float = 1.0):
+        super().__init__()
+        self.hidden_size, self.vocab_size, self.num_heads, self.num_layers = hidden_size, vocab_size, num_heads, \
+            num_layers
+        self.logit_scale = float(logit_scale)
+        rows = vocab_size if token_map is None else len(token_map)
+        self.blocks = nn.ModuleList(nn.ModuleList(nn.Linear(hidden_size, hidden_size, bias=bias)
+                                                  for _ in range(num_layers)) for _ in range(num_heads))
+        self.lm_heads = nn.ModuleList(nn.Linear(hidden_size, rows, bias=False)
+                                      for _ in range(1 if shared_lm_head else num_heads))
+        self.token_map: torch.Tensor | None
+        self.register_buffer("token_map", None if token_map is None else token_map.long().clone())
+        for p in self.parameters():
+            nn.init.zeros_(p)
+
+    def forward(self, states: torch.Tensor, heads: int | None = None) -> torch.Tensor:
+        """The heads' logits.
+
+        Args:
+            states: [B, H] the target's last hidden states (any float dtype and device; moved to the head's).
+            heads: compute only the first ``heads`` heads (None: all n).
+
+        Returns:
+            [heads, B, V] float32 logits on the head's device (-inf at the ids a ``token_map`` leaves out).
+        """
+        ref = next(self.lm_heads.parameters())
+        x0 = states.to(device=ref.device, dtype=ref.dtype)
+        out = []
+        for i in range(self.num_heads if heads is None else min(heads, self.num_heads)):
+            x = x0
+            for linear in cast(nn.ModuleList, self.blocks[i]):
+                x = x + F.silu(linear(x))
+            logits = self.lm_heads[0 if len(self.lm_heads) == 1 else i](x).float()
+            if self.logit_scale != 1.0:
+                logits = logits * self.logit_scale
+            if self.token_map is not None:
+                full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
+                full[:, self.token_map] = logits
+                logits = full
+            out.append(logits)
+        return torch.stack(out)
+
+
+def _strip(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The weights with ``prefix`` dropped from the names that start with it."""
+    return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state.items()}
+
+
+def _set(linear: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    """Copy a loaded weight (and bias) into ``linear``."""
+    with torch.no_grad():
+        linear.weight.copy_(weight)  # type: ignore[operator]
+        if bias is not None:
+            linear.bias.copy_(bias)  # type: ignore[operator]
+
+
+def _layout(cfg: dict[str, Any]) -> str | None:
+    """``vllm`` (vLLM's ``MedusaModel`` conversion), ``medusa`` (FasterDecoding's ``medusa_num_heads``), or None."""
+    archs = cfg.get("architectures") or []
+    archs = [str(a) for a in archs] if isinstance(archs, list) else [str(archs)]
+    if "MedusaModel" in archs or cfg.get("model_type") == "medusa":
+        return "vllm"
+    return "medusa" if "medusa_num_heads" in cfg else None
+
+
+def _token_map(state: dict[str, torch.Tensor], size: int, vocab: int, file: Path) -> torch.Tensor:
+    """vLLM's ``token_map`` weight: [size] int64 distinct ids in [0, vocab).
+
+    Raises:
+        SpeculatorLoadError: missing, or another shape, or ids that are not distinct integers in range.
+    """
+    t = take(state, "token_map", (size,), file, f"truncated_vocab_size {size}")
+    raw = state["token_map"]
+    integral = not raw.is_floating_point() or torch.equal(raw, raw.round())
+    if not integral or (size and (t.min() < 0 or t.max() >= vocab)) or len(torch.unique(t)) != size:
+        raise SpeculatorLoadError(file, "token_map", f"must hold {size} distinct token ids in [0, {vocab})")
+    return raw.long()
+
+
+def _load_faster_decoding(folder: Path, cfg: dict[str, Any], target: TargetInfo) -> MedusaHead:
+    """FasterDecoding's layout (see the module docstring), checked against ``target``."""
+    cfg_file = folder / CONFIG_FILE
+    n = config_int(cfg, "medusa_num_heads", cfg_file)
+    layers = config_int(cfg, "medusa_num_layers", cfg_file, default=1, low=0)
+    h, v = target.hidden_size, target.vocab_size
+    file = find_weights(folder, FASTER_DECODING_FILES)
+    state = _strip(load_weights(file), "medusa_head.")
+    head = MedusaHead(h, v, n, layers, bias=True)
+    hidden_why, vocab_why = f"the target's hidden size {h}", f"the target's vocabulary {v} x hidden size {h}"
+    for i in range(n):
+        for j in range(layers):
+            _set(head.blocks[i][j],  # type: ignore[index]
+                 take(state, f"{i}.{j}.linear.weight", (h, h), file, hidden_why),
+                 take(state, f"{i}.{j}.linear.bias", (h,), file, hidden_why))
+        _set(head.lm_heads[i], take(state, f"{i}.{layers}.weight", (v, h), file, vocab_why))
+    expect(cfg, "hidden_size", h, cfg_file, "the target's hidden size")
+    expect(cfg, "vocab_size", v, cfg_file, "the target's vocabulary size")
+    return head
+
+
+def _load_vllm(folder: Path, cfg: dict[str, Any], target: TargetInfo) -> MedusaHead:
+    """vLLM's converted layout (see the module docstring), checked against ``target``."""
+    cfg_file = folder / CONFIG_FILE
+    n = config_int(cfg, "num_heads" if "num_heads" in cfg or "medusa_num_heads" not in cfg else "medusa_num_heads",
+                   cfg_file)
+    layers = config_int(cfg, "num_hidden_layers", cfg_file, default=1, low=0)
+    h, v = target.hidden_size, target.vocab_size
+    cfg_vocab = config_int(cfg, "vocab_size", cfg_file, default=v)  # compared with the target's after the weights
+    truncated = config_int(cfg, "truncated_vocab_size", cfg_file, default=cfg_vocab)
+    if truncated > cfg_vocab:
+        raise SpeculatorLoadError(cfg_file, "truncated_vocab_size", f"{truncated} exceeds vocab_size ({cfg_vocab})")
+    scale = cfg.get("logit_scale", 1.0)
+    if scale is None:
+        scale = 1.0
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise SpeculatorLoadError(cfg_file, "logit_scale", f"must be a finite number, got {scale!r}")
+    file = find_weights(folder, VLLM_FILES)
+    state = _strip(load_weights(file), "medusa_heads.")
+    bias = cfg.get("medusa_fc_bias")
+    if not isinstance(bias, bool):  # unset: the biases are read when the conversion kept them
+        bias = any(k.startswith("blocks.") and k.endswith(".bias") for k in state)
+    token_map = _token_map(state, truncated, v, file) if truncated < cfg_vocab else None
+    shared = bool(cfg.get("original_lm_head", False))
+    head = MedusaHead(h, v, n, layers, bias, shared, token_map, float(scale))
+    hidden_why = f"the target's hidden size {h}"
+    for i in range(n):
+        for j in range(layers):
+            key = f"blocks.{i}.layers.{j}"
+            _set(head.blocks[i][j], take(state, f"{key}.weight", (h, h), file, hidden_why),  # type: ignore[index]
+                 take(state, f"{key}.bias", (h,), file, hidden_why) if bias else None)
+
+    def projection(key: str) -> torch.Tensor:
+        # [truncated, H]; a full [V, H] one is cut to the token map's rows, as vLLM does
+        full = token_map is not None and key in state and state[key].ndim == 2 and state[key].shape[0] == v
+        why = f"the target's hidden size {h}, vocabulary {v}" + ("" if token_map is None else f", truncated to "
+                                                                                            f"{truncated}")
+        t = take(state, key, (v if full or token_map is None else truncated, h), file, why)
+        return t[token_map] if full and token_map is not None else t
+
+    if shared:  # vLLM loads lm_heads.0.weight as the shared head when the file has one; else it is the target's
+        if "lm_heads.0.weight" in state:
+            lm = projection("lm_heads.0.weight")
+        else:
+            lm = target.lm_head()
+            if tuple(lm.shape) != (v, h):
+                raise SpeculatorLoadError(target.path or "target", "lm_head.weight",
+                                          f"shape {list(lm.shape)}, expected [{v}x{h}] (the target's sizes)")
+            lm = lm if token_map is None else lm[token_map]
+        _set(head.lm_heads[0], lm)
+    else:
+        for i in range(n):
+            _set(head.lm_heads[i], projection(f"lm_heads.{i}.weight"))
+    expect(cfg, "hidden_size", h, cfg_file, "the target's hidden size")
+    expect(cfg, "vocab_size", v, cfg_file, "the target's vocabulary size")
+    return head
+
+
+def load_medusa(folder: Path | str, target: TargetInfo) -> MedusaHead:
+    """The Medusa head in ``folder`` (FasterDecoding's layout or vLLM's conversion, told apart by ``config.json``),
+    float32 on the CPU, checked against the target.
+
+    Follows FasterDecoding/Medusa ``medusa/model/medusa_model.py`` (``MedusaConfig``, ``ResBlock``,
+    ``MedusaModel.from_pretrained``: ``medusa_lm_head.pt``, and the trainer's ``medusa_lm_head.safetensors``) and
+    vLLM ``vllm/model_executor/models/medusa.py`` (``Medusa.load_weights``) with
+    ``vllm/transformers_utils/configs/medusa.py`` (``MedusaConfig``).
+
+    Args:
+        folder: the head's folder.
+        target: the target it drafts for: its hidden size H and vocabulary V, and its LM head when vLLM's
+            ``original_lm_head`` heads come without one.
+
+    Returns:
+        A :class:`MedusaHead` in eval mode, without gradients.
+
+    Raises:
+        SpeculatorLoadError: naming the file and the key: no ``config.json``, or neither layout
+            (``medusa_num_heads``); a count that is missing or not an integer (``medusa_num_heads``, ``num_heads``,
+            ``medusa_num_layers``, ...); a weight missing or of another shape than H and V make it (e.g.
+            ``0.0.linear.weight`` for another hidden size, ``0.1.weight`` / ``lm_heads.0.weight`` for another
+            vocabulary); config sizes that are not the target's (``hidden_size``, ``vocab_size``); an unreadable
+            weights file (``weights``).
+    """
+    folder = Path(folder)
+    cfg = read_config(folder)
+    layout = _layout(cfg)
+    if layout is None:
+        raise SpeculatorLoadError(folder / CONFIG_FILE, "medusa_num_heads",
+                                  "missing from config.json: neither FasterDecoding's Medusa config "
+                                  "(medusa_num_heads) nor vLLM's (architectures: MedusaModel)")
+    loader = _load_vllm if layout == "vllm" else _load_faster_decoding
+    return loader(folder, cfg, target).requires_grad_(False).eval()
+
+
+class MedusaProposer(HeadProposer):
+    """Drafts with published Medusa heads (``speculative_method=medusa``; vLLM's ``MedusaProposer``, FasterDecoding's
+    top-1 candidates).
+
+    A round's requests share one forward of the heads over their last hidden states (the state that predicted the
+    last committed token): head i's distribution, after the request's processors and sampling transforms
+    (:func:`~spec_decode.proposers.base.draft_token`), proposes slot i, and the draft is its argmax. Medusa's drafts
+    are deterministic, so proposals carry no ``draft_probs`` (the verifier takes q one-hot, which keeps rejection
+    sampling exact). A request drafts up to min(k, n) slots and stops at the first slot that fails
+    :func:`~spec_decode.proposers.base.confident`; its score is the sum of its drafts' running probabilities. A
+    request without hidden states (its first step) gets no drafts. The heads keep no per-sequence state.
+
+    Args:
+        head: a :class:`MedusaHead` (on its device and dtype).
+        hidden_size: H, the target's hidden size.
+        settings: the :class:`~.base.SpeculatorSettings` it is served with.
+    """
+
+    name = "medusa"
+    head: MedusaHead
+
+    @classmethod
+    def load(cls, folder: Path, target: TargetInfo) -> MedusaHead:
+        """:func:`load_medusa`.
+
+        Raises:
+            SpeculatorLoadError: naming the file and the key that does not fit.
+        """
+        return load_medusa(folder, target)
+
+    @torch.inference_mode()
+    def propose(self, requests: list[ProposalRequest]) -> list[Proposal]:
+        """One proposal per request, in order: [k'] int64 drafts, k' <= min(k, n heads), ``draft_probs`` None, score
+        the sum of the running products of the drafts' probabilities (empty without hidden states).
+
+        Raises:
+            ValueError: from a request's grammar (:func:`~spec_decode.proposers.base.draft_token`).
+        """
+        out = [Proposal.empty() for _ in requests]
+        live, states = self.last_states(requests, self.hidden_size)
+        if not live or states is None:
+            return out
+        ks = [min(requests[j].k, self.head.num_heads) for j in live]
+        logits = self.head(states, max(ks))  # [n', B, V] float32 on the head's device
+        vocab = logits.shape[-1]
+        for row, (j, k) in enumerate(zip(live, ks)):
+            r = requests[j]
+            drafts: list[int] = []
+            running, score = 1.0, 0.0
+            for i in range(k):
+                _, probs = draft_token(logits[i, row], r, NoisePurpose.MEDUSA, i, drafts, None, self.grammar, vocab)
+                if not confident(running, probs, self.min_token_prob):
+                    break
+                tok = int(torch.argmax(probs))
+                running *= float(probs[tok])
+                drafts.append(tok)
+                score += running
+            if drafts:
+                out[j] = Proposal(torch.tensor(drafts, dtype=torch.int64), None, score)
+        return out

@@ -1,0 +1,124 @@
+"""Tiny EAGLE-1/2 and EAGLE-3 heads written as their authors (SafeAILab/EAGLE) and vLLM publish them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+
+def _llama_config(hidden: int, vocab: int, heads: int, kv_heads: int, inter: int, **extra) -> dict:
+    """A one-layer Llama config of the head's sizes, with the keys the published configs carry."""
+    return {"architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+            "hidden_size": hidden, "initializer_range": 0.02, "intermediate_size": inter,
+            "max_position_embeddings": 2048, "model_type": "llama", "num_attention_heads": heads,
+            "num_hidden_layers": 1, "num_key_value_heads": kv_heads, "pad_token_id": 0, "pretraining_tp": 1,
+            "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000.0, "tie_word_embeddings": False,
+            "torch_dtype": "float16", "transformers_version": "4.28.1", "use_cache": True, "vocab_size": vocab,
+            **extra}
+
+
+def _layer(gen: torch.Generator, hidden: int, heads: int, kv_heads: int, inter: int, width: int, prefix: str,
+           scale: float) -> dict[str, torch.Tensor]:
+    d = hidden // heads
+
+    def w(*shape):
+        return torch.randn(*shape, generator=gen) * scale
+
+    return {f"{prefix}self_attn.q_proj.weight": w(heads * d, width),
+            f"{prefix}self_attn.k_proj.weight": w(kv_heads * d, width),
+            f"{prefix}self_attn.v_proj.weight": w(kv_heads * d, width),
+            f"{prefix}self_attn.o_proj.weight": w(hidden, heads * d),
+            f"{prefix}mlp.gate_proj.weight": w(inter, hidden), f"{prefix}mlp.up_proj.weight": w(inter, hidden),
+            f"{prefix}mlp.down_proj.weight": w(hidden, inter),
+            f"{prefix}post_attention_layernorm.weight": 1 + 0.1 * torch.randn(hidden, generator=gen)}
+
+
+def _save(state: dict, folder: Path, fmt: str, name: str) -> None:
+    state = {k: v.to(torch.float16) if v.is_floating_point() else v for k, v in state.items()}
+    if fmt == "safetensors":
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in state.items()}, str(folder / f"{name}.safetensors"))
+    else:
+        torch.save(state, folder / f"{name}.bin")
+
+
+def write_eagle1(folder: Path, embedding: torch.Tensor, heads: int, kv_heads: int, inter: int,
+                 layout: str = "authors", fmt: str = "bin", bias: bool | None = None, seed: int = 0,
+                 lm_head: torch.Tensor | None = None, drop: str = "", **config) -> Path:
+    """An EAGLE-1/2 head over a target whose input embedding is ``embedding`` [V, H], random layer.
+
+    Args:
+        layout: ``authors`` (yuhuili/EAGLE-*: a one-layer LlamaForCausalLM config, ``fc.*``, ``layers.0.*`` without
+            the input norm, ``embed_tokens.weight``; ``"bias": false`` in the config only when ``bias`` is False) or
+            ``vllm`` (``EAGLEModel`` config with the Llama config under ``model``, ``model.``-prefixed layer and
+            embedding, ``lm_head.weight``: ``lm_head`` or the embedding).
+        fmt: ``bin`` (pytorch_model.bin, as published) or ``safetensors`` (model.safetensors).
+        drop: a weight name to leave out (load-error tests).
+        config: config keys to set or override (the Llama config's, under ``model`` for vLLM's layout).
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    v, h = embedding.shape
+    prefix = "model." if layout == "vllm" else ""
+    state = _layer(gen, h, heads, kv_heads, inter, h, f"{prefix}layers.0.", 0.3)
+    state["fc.weight"] = torch.randn(h, 2 * h, generator=gen) * 0.3
+    with_bias = bias if bias is not None else layout == "authors"
+    if with_bias:
+        state["fc.bias"] = torch.randn(h, generator=gen) * 0.1
+    state[f"{prefix}embed_tokens.weight"] = embedding.detach().float().clone()
+    llama = _llama_config(h, v, heads, kv_heads, inter)
+    if layout == "vllm":
+        state["lm_head.weight"] = (lm_head if lm_head is not None else embedding).detach().float().clone()
+        cfg = {"architectures": ["EAGLEModel"], "model_type": "eagle", "model": {**llama, **config},
+               "num_lookahead_tokens": 5, "eagle_fc_bias": with_bias, "truncated_vocab_size": v}
+    else:
+        cfg = {**llama, **({"bias": False} if bias is False else {}), **config}
+    state.pop(drop, None)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    _save(state, folder, fmt, "pytorch_model" if fmt == "bin" else "model")
+    return folder
+
+
+def write_eagle3(folder: Path, hidden: int, vocab: int, heads: int, kv_heads: int, inter: int, draft_vocab: int,
+                 layout: str = "eagle3", fmt: str = "bin", seed: int = 0, layer_ids: list[int] | None = None,
+                 embedding: torch.Tensor | None = None, drop: str = "", **config) -> Path:
+    """An EAGLE-3 head (random weights) as the EAGLE authors' trainer writes it.
+
+    Args:
+        layout: ``eagle3`` (config ``LlamaForCausalLMEagle3``, as yuhuili/EAGLE3-* publish) or ``trainer`` (the
+            trainer's own ``LlamaForCausalLM`` config with ``draft_vocab_size``).
+        draft_vocab: N, the draft vocabulary (every other target token from 0: ``d2t`` offsets, ``t2d`` mask).
+        layer_ids: written as ``eagle_config.eagle_aux_hidden_state_layer_ids`` when given.
+        embedding: written as ``embed_tokens.weight`` when given (else the target's is shared).
+        drop: a weight name to leave out.
+        config: config keys to set or override.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    state = _layer(gen, hidden, heads, kv_heads, inter, 2 * hidden, "midlayer.", 0.3)
+    state["midlayer.input_layernorm.weight"] = 1 + 0.1 * torch.randn(hidden, generator=gen)
+    state["midlayer.hidden_norm.weight"] = 1 + 0.1 * torch.randn(hidden, generator=gen)
+    state["fc.weight"] = torch.randn(hidden, 3 * hidden, generator=gen) * 0.3
+    state["norm.weight"] = 1 + 0.1 * torch.randn(hidden, generator=gen)
+    state["lm_head.weight"] = torch.randn(draft_vocab, hidden, generator=gen) * 2.0
+    ids = torch.arange(draft_vocab) * max(1, vocab // draft_vocab)
+    state["d2t"] = ids - torch.arange(draft_vocab)
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[ids] = True
+    state["t2d"] = t2d
+    if embedding is not None:
+        state["embed_tokens.weight"] = embedding.detach().float().clone()
+    cfg = _llama_config(hidden, vocab, heads, kv_heads, inter, draft_vocab_size=draft_vocab, bias=False)
+    cfg["architectures"] = ["LlamaForCausalLMEagle3"] if layout == "eagle3" else ["LlamaForCausalLM"]
+    if layer_ids is not None:
+        cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": layer_ids}
+    cfg.update(config)
+    state.pop(drop, None)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    _save(state, folder, fmt, "pytorch_model" if fmt == "bin" else "model")
+    return folder

@@ -1,0 +1,425 @@
+"""Published EAGLE heads: EAGLE-1/2 (spec_decode.proposers.eagle.published.load_eagle1: the authors' layout and vLLM's
+conversion) and EAGLE-3 (spec_decode.proposers.eagle.eagle3.load_eagle3: ``LlamaForCausalLMEagle3`` and the authors'
+trainer's ``LlamaForCausalLM`` + ``draft_vocab_size``): detection, the loaded head's teacher-forced logits against the
+published maths written here with plain torch ops straight from the raw weights, and each load error naming the file
+and the key."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from spec_decode.proposers.eagle import load_eagle1, load_eagle3
+from spec_decode.proposers.speculators import (
+    SpeculatorLoadError,
+    TargetInfo,
+    aux_hidden_state_layers,
+    detect,
+    eagle3_layer_ids,
+    served_heads,
+)
+from tests.speculator_checkpoints.eagle import write_eagle1, write_eagle3
+
+H, V, HEADS, KV, INTER, D = 32, 97, 4, 2, 64, 8  # the tiny targets' sizes (tests/conftest.py tiny_lm, deep_lm)
+EPS = 1e-5  # the written heads' rms_norm_eps
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}  # with head_dim 8: one high, one medium and two low frequencies
+
+
+# --- the published maths, from the raw weights (float64) -------------------------------------------------------------
+
+
+def _raw(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the head's weights file as written, float64 (integers as they are)."""
+    (file,) = [p for p in folder.iterdir() if p.suffix in (".bin", ".safetensors")]
+    if file.suffix == ".bin":
+        state = torch.load(file, weights_only=True)
+    else:
+        from safetensors.torch import load_file
+
+        state = load_file(str(file))
+    return {k: v.double() if v.is_floating_point() else v for k, v in state.items()}
+
+
+def _rms(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w
+
+
+def _inv_freq(theta=10000.0, scaling=None):
+    """Llama's rotary frequencies [D / 2], and Llama 3.1's scaling of them (transformers'
+    ``_compute_llama3_parameters``, rewritten)."""
+    inv = 1.0 / theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+    if not scaling:
+        return inv
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    out = []
+    for f in inv.tolist():
+        wavelen = 2 * math.pi / f
+        if wavelen < old / high:
+            out.append(f)
+        elif wavelen > old / low:
+            out.append(f / factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append((1 - smooth) * f / factor + smooth * f)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def _attention(x, w, prefix, pos, inv):
+    """Llama's self-attention of one sequence x [T, in] (causal, rotary positions ``pos``, grouped key/value heads)."""
+    t = x.shape[0]
+    q = (x @ w[prefix + "q_proj.weight"].T).view(t, HEADS, D)
+    k = (x @ w[prefix + "k_proj.weight"].T).view(t, KV, D)
+    v = (x @ w[prefix + "v_proj.weight"].T).view(t, KV, D)
+    ang = pos.double()[:, None, None] * inv  # [T, 1, D/2]
+    cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
+
+    def rot(u):
+        return u * cos + torch.cat([-u[..., D // 2 :], u[..., : D // 2]], -1) * sin
+
+    q, k = rot(q), rot(k)
+    k, v = k.repeat_interleave(HEADS // KV, 1), v.repeat_interleave(HEADS // KV, 1)
+    scores = torch.einsum("thd,shd->hts", q, k) / math.sqrt(D)
+    scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
+    att = torch.einsum("hts,shd->thd", scores.softmax(-1), v).reshape(t, HEADS * D)
+    return att @ w[prefix + "o_proj.weight"].T
+
+
+def _mlp(x, w, prefix):
+    return (F.silu(x @ w[prefix + "gate_proj.weight"].T) * (x @ w[prefix + "up_proj.weight"].T)) \
+        @ w[prefix + "down_proj.weight"].T
+
+
+def eagle1_reference(w, embedding, lm_head, hidden, tokens, pos, inv, prefix="layers.0."):
+    """EAGLE-1 (SafeAILab/EAGLE ``model/cnets.py``): fc over [E(x_{j+1}); f_j] (+ bias), one Llama decoder layer
+    without its input norm, the target's LM head on its output; logits [T, N]."""
+    x = torch.cat([embedding[tokens], hidden], -1) @ w["fc.weight"].T
+    if "fc.bias" in w:
+        x = x + w["fc.bias"]
+    h = x + _attention(x, w, prefix + "self_attn.", pos, inv)
+    out = h + _mlp(_rms(h, w[prefix + "post_attention_layernorm.weight"]), w, prefix + "mlp.")
+    return out @ lm_head.T
+
+
+def eagle3_reference(w, embedding, aux, tokens, pos, inv):
+    """EAGLE-3 (SafeAILab/EAGLE ``eagle/traineagle3/cnets.py``, vLLM ``llama_eagle3.py``): g = fc [aux_1; aux_2;
+    aux_3]; the midlayer attends over [input_layernorm(E(x_{j+1})); hidden_norm(g)] with residual g; MLP; final norm;
+    lm_head over the draft vocabulary. Returns (logits [T, N], the target id of each draft index: i + d2t[i])."""
+    g = torch.cat(aux, -1) @ w["fc.weight"].T
+    u = torch.cat([_rms(embedding[tokens], w["midlayer.input_layernorm.weight"]),
+                   _rms(g, w["midlayer.hidden_norm.weight"])], -1)
+    h = g + _attention(u, w, "midlayer.self_attn.", pos, inv)
+    out = h + _mlp(_rms(h, w["midlayer.post_attention_layernorm.weight"]), w, "midlayer.mlp.")
+    logits = _rms(out, w["norm.weight"]) @ w["lm_head.weight"].T
+    return logits, torch.arange(logits.shape[-1]) + w["d2t"]
+
+
+def _teacher_forced(model, wire, tokens, pos):
+    """The loaded head's logits [T, N] over one sequence of pairs (wire [T, H x (1 + A)] the target's hidden states as
+    target_model returns them)."""
+    with torch.no_grad():
+        return model.logits(model(model.features(wire)[None], tokens[None], pos[None]))[0].double()
+
+
+def _close(got, want):
+    """float32 computation against the float64 reference: equal to a ten-thousandth of the logits' scale."""
+    scale = float(want.abs().max())
+    torch.testing.assert_close(got, want, atol=1e-4 * scale, rtol=1e-4)
+
+
+def _sequence(seed, t=12):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, V, (t,), generator=g), torch.arange(3, 3 + t), g
+
+
+@pytest.fixture(scope="module")
+def target(tiny_dir):
+    """The 2-layer tiny target as the loaders see it (sizes from its config.json, weights from its safetensors)."""
+    return TargetInfo.from_folder(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def deep_target(deep_dir):
+    return TargetInfo.from_folder(deep_dir)
+
+
+def _edit(folder: Path, config=None, weights=None):
+    """Change a written head: config keys (None: removed), and weights (a function of its state dict, in place)."""
+    folder = Path(folder)
+    if config:
+        cfg = json.loads((folder / "config.json").read_text())
+        for k, v in config.items():
+            if v is None:
+                cfg.pop(k, None)
+            else:
+                cfg[k] = v
+        (folder / "config.json").write_text(json.dumps(cfg))
+    if weights:
+        (file,) = [p for p in folder.iterdir() if p.suffix in (".bin", ".safetensors")]
+        if file.suffix == ".bin":
+            state = torch.load(file, weights_only=True)
+            weights(state)
+            torch.save(state, file)
+        else:
+            from safetensors.torch import load_file, save_file
+
+            state = load_file(str(file))
+            weights(state)
+            save_file({k: v.contiguous() for k, v in state.items()}, str(file))
+    return folder
+
+
+# --- EAGLE-1 ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout, fmt, bias, scaling", [
+    ("authors", "bin", None, None),  # yuhuili/EAGLE-*: pytorch_model.bin, fc with its bias (the default)
+    ("authors", "safetensors", False, None),  # "bias": false: no fc.bias
+    ("authors", "bin", True, LLAMA3),  # a Llama 3.1 target's head: rope_scaling llama3
+    ("vllm", "safetensors", None, None),  # vLLM's conversion: EAGLEModel, model.-prefixed, its own lm_head
+    ("vllm", "bin", True, None),  # eagle_fc_bias: true
+])
+def test_an_eagle1_head_computes_the_published_maths(tiny_lm, target, tmp_path, layout, fmt, bias, scaling):
+    emb = tiny_lm.get_input_embeddings().weight.detach()
+    target_head = tiny_lm.get_output_embeddings().weight.detach().double()
+    own_head = torch.randn(V, H, generator=torch.Generator().manual_seed(9))  # vLLM's layout carries its LM head
+    config = {"rope_scaling": scaling} if scaling else {}
+    folder = write_eagle1(tmp_path / "h", emb, HEADS, KV, INTER, layout=layout, fmt=fmt, bias=bias, seed=4,
+                          lm_head=own_head, **config)
+    assert detect(folder) == "eagle"
+    model, vocab = load_eagle1(folder, target)
+    assert vocab.token_ids.tolist() == list(range(V)) and vocab.target_vocab_size == V
+    w = _raw(folder)
+    assert ("fc.bias" in w) == (bias is not False if layout == "authors" else bool(bias))
+    prefix = "model." if layout == "vllm" else ""
+    lm_head = w["lm_head.weight"] if layout == "vllm" else target_head
+    tokens, pos, g = _sequence(1)
+    hidden = torch.randn(len(tokens), H, generator=g) * 2
+    want = eagle1_reference(w, w[prefix + "embed_tokens.weight"], lm_head, hidden.double(), tokens, pos,
+                            _inv_freq(scaling=scaling), prefix + "layers.0.")
+    _close(_teacher_forced(model, hidden, tokens, pos), want)
+    # the wire may carry auxiliary layers after the last hidden state (an EAGLE-3 head served beside it): not read
+    wide = torch.cat([hidden, torch.randn(len(tokens), 2 * H, generator=g)], -1)
+    torch.testing.assert_close(_teacher_forced(model, wide, tokens, pos), _teacher_forced(model, hidden, tokens, pos))
+    if scaling:  # the scaling changes the maths: the plain frequencies do not match
+        plain = eagle1_reference(w, w["embed_tokens.weight"], lm_head, hidden.double(), tokens, pos, _inv_freq())
+        assert not torch.allclose(plain, want, atol=1e-3 * float(want.abs().max()))
+
+
+def test_a_vllm_eagle1_head_with_a_truncated_vocabulary_drafts_over_its_token_map(tiny_lm, target, tmp_path):
+    emb = tiny_lm.get_input_embeddings().weight.detach()
+    token_map = torch.tensor(sorted(torch.randperm(V, generator=torch.Generator().manual_seed(3))[:40].tolist()))
+    own_head = torch.randn(V, H, generator=torch.Generator().manual_seed(8))
+    folder = write_eagle1(tmp_path / "h", emb, HEADS, KV, INTER, layout="vllm", fmt="safetensors", seed=6,
+                          lm_head=own_head)
+
+    def truncate(state):
+        state["lm_head.weight"] = state["lm_head.weight"][token_map].contiguous()
+        state["token_map"] = token_map
+
+    _edit(folder, {"truncated_vocab_size": 40}, truncate)
+    assert detect(folder) == "eagle"
+    model, vocab = load_eagle1(folder, target)
+    assert vocab.token_ids.tolist() == token_map.tolist()
+    w = _raw(folder)
+    tokens, pos, g = _sequence(2)
+    hidden = torch.randn(len(tokens), H, generator=g) * 2
+    want = eagle1_reference(w, w["model.embed_tokens.weight"], w["lm_head.weight"], hidden.double(), tokens, pos,
+                            _inv_freq(), "model.layers.0.")
+    got = _teacher_forced(model, hidden, tokens, pos)
+    assert got.shape == (len(tokens), 40)
+    _close(got, want)
+
+
+def _eagle1(tiny_lm, folder, **kw):
+    return write_eagle1(folder, tiny_lm.get_input_embeddings().weight.detach(), HEADS, KV, INTER, **kw)
+
+
+@pytest.mark.parametrize("case, file, key", [
+    ("hidden_size", "config.json", "hidden_size"),
+    ("vocab_size", "config.json", "vocab_size"),
+    ("two layers", "config.json", "num_hidden_layers"),
+    ("missing layer weight", "pytorch_model.bin", "layers.0.mlp.up_proj.weight"),
+    ("missing fc bias", "pytorch_model.bin", "fc.bias"),
+    ("MLP of another size", "pytorch_model.bin", "layers.0.mlp.gate_proj.weight"),
+    ("embedding of another vocabulary", "pytorch_model.bin", "embed_tokens.weight"),
+    ("yarn", "config.json", "rope_scaling"),
+    ("truncated without token_map", "model.safetensors", "token_map"),
+    ("token_map outside the vocabulary", "model.safetensors", "token_map"),
+    ("output norm", "config.json", "skip_output_norm"),
+])
+def test_an_eagle1_head_that_does_not_fit_is_refused_naming_the_file_and_the_key(tiny_lm, target, tmp_path, case,
+                                                                                  file, key):
+    folder = tmp_path / "h"
+    if case == "hidden_size":
+        _eagle1(tiny_lm, folder, hidden_size=48)
+    elif case == "vocab_size":
+        _eagle1(tiny_lm, folder, vocab_size=100)
+    elif case == "two layers":
+        _eagle1(tiny_lm, folder, num_hidden_layers=2)
+    elif case == "missing layer weight":
+        _eagle1(tiny_lm, folder, drop="layers.0.mlp.up_proj.weight")
+    elif case == "missing fc bias":
+        _eagle1(tiny_lm, folder, drop="fc.bias")
+    elif case == "MLP of another size":
+        _eagle1(tiny_lm, folder, intermediate_size=128)
+    elif case == "embedding of another vocabulary":
+        _eagle1(tiny_lm, folder)
+        _edit(folder, {"vocab_size": None}, lambda s: s.update({"embed_tokens.weight": s["embed_tokens.weight"][:90]}))
+    elif case == "yarn":
+        _eagle1(tiny_lm, folder, rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                               "original_max_position_embeddings": 64})
+    elif case.startswith("truncated") or case.startswith("token_map"):
+        _eagle1(tiny_lm, folder, layout="vllm", fmt="safetensors")
+        keep = torch.arange(40) * (3 if case.startswith("token_map") else 2)  # 3 x 39 = 117 >= 97
+
+        def truncate(state):
+            state["lm_head.weight"] = state["lm_head.weight"][:40].contiguous()
+            if case.startswith("token_map"):
+                state["token_map"] = keep
+
+        _edit(folder, {"truncated_vocab_size": 40}, truncate)
+    elif case == "output norm":
+        _eagle1(tiny_lm, folder, layout="vllm", skip_output_norm=False)
+    with pytest.raises(SpeculatorLoadError) as e:
+        load_eagle1(folder, target)
+    assert e.value.key == key and Path(e.value.file) == folder / file, (e.value.file, e.value.key)
+    assert str(folder / file) in str(e.value) and repr(key) in str(e.value)
+
+
+# --- EAGLE-3 ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout, fmt, layer_ids, embedded, scaling", [
+    ("eagle3", "bin", [1, 4, 5], False, None),  # yuhuili/EAGLE3-*: the target's embedding shared
+    ("trainer", "safetensors", [1, 4, 5], True, None),  # the trainer's LlamaForCausalLM + draft_vocab_size
+    ("eagle3", "safetensors", None, True, LLAMA3),  # the default layers 2, L // 2, L - 3 = 2, 3, 3 of 6
+    ("trainer", "bin", None, False, None),
+])
+def test_an_eagle3_head_computes_the_published_maths(deep_lm, deep_target, tmp_path, layout, fmt, layer_ids, embedded,
+                                                     scaling):
+    own = torch.randn(V, H, generator=torch.Generator().manual_seed(7))  # a copy of its own, when it has one
+    config = {"rope_scaling": scaling} if scaling else {}
+    folder = write_eagle3(tmp_path / "h", H, V, HEADS, KV, INTER, 48, layout=layout, fmt=fmt, seed=5,
+                          layer_ids=layer_ids, embedding=own if embedded else None, **config)
+    assert detect(folder) == "eagle3"
+    ids = layer_ids or [2, 3, 3]
+    assert eagle3_layer_ids(json.loads((folder / "config.json").read_text()), 6) == ids
+    wire_layers = sorted(set(ids))
+    model, vocab = load_eagle3(folder, deep_target)
+    assert model.aux_columns == [1 + wire_layers.index(i) for i in ids]
+    w = _raw(folder)
+    assert ("embed_tokens.weight" in w) == embedded
+    embedding = w["embed_tokens.weight"] if embedded else deep_lm.get_input_embeddings().weight.detach().double()
+    tokens, pos, g = _sequence(3)
+    states = {i: torch.randn(len(tokens), H, generator=g) for i in wire_layers}  # each layer's input, as if
+    wire = torch.cat([torch.randn(len(tokens), H, generator=g)] + [states[i] for i in wire_layers], -1)
+    want, draft_ids = eagle3_reference(w, embedding, [states[i].double() for i in ids], tokens, pos,
+                                       _inv_freq(scaling=scaling))
+    got = _teacher_forced(model, wire, tokens, pos)
+    assert got.shape == (len(tokens), 48)
+    _close(got, want)
+    assert vocab.token_ids.tolist() == draft_ids.tolist() and vocab.target_vocab_size == V
+    assert draft_ids.tolist() == list(range(0, 96, 2))  # write_eagle3: every other token
+    # served beside other heads the wire may carry more layers: the head finds its own by their place
+    wider = [0, *wire_layers, 5] if 5 not in wire_layers else [0, *wire_layers]
+    model2, _ = load_eagle3(folder, deep_target, wider)
+    extra = {i: states.get(i, torch.randn(len(tokens), H, generator=g)) for i in wider}
+    wire2 = torch.cat([wire[:, :H]] + [extra[i] for i in wider], -1)
+    torch.testing.assert_close(_teacher_forced(model2, wire2, tokens, pos), got)
+
+
+def _eagle3(folder, **kw):
+    kw.setdefault("layer_ids", [1, 4, 5])
+    return write_eagle3(folder, kw.pop("hidden", H), V, HEADS, KV, INTER, 48, **kw)
+
+
+@pytest.mark.parametrize("case, file, key", [
+    ("hidden_size", "config.json", "hidden_size"),
+    ("vocab_size", "config.json", "vocab_size"),
+    ("missing norm", "pytorch_model.bin", "midlayer.hidden_norm.weight"),
+    ("missing lm_head", "pytorch_model.bin", "lm_head.weight"),
+    ("missing d2t", "pytorch_model.bin", "d2t"),
+    ("d2t outside the vocabulary", "pytorch_model.bin", "d2t"),
+    ("heads of another size", "pytorch_model.bin", "midlayer.self_attn.k_proj.weight"),
+    ("embedding of another vocabulary", "pytorch_model.bin", "embed_tokens.weight"),
+    ("layer ids beyond the target", "config.json", "eagle_aux_hidden_state_layer_ids"),
+    ("default layer ids on 2 layers", "config.json", "eagle_aux_hidden_state_layer_ids"),
+    ("yarn", "config.json", "rope_scaling"),
+])
+def test_an_eagle3_head_that_does_not_fit_is_refused_naming_the_file_and_the_key(deep_target, target, tmp_path, case,
+                                                                                  file, key):
+    folder, against = tmp_path / "h", deep_target
+    if case == "hidden_size":
+        _eagle3(folder, hidden=48)
+    elif case == "vocab_size":
+        _eagle3(folder, vocab_size=100)
+    elif case == "missing norm":
+        _eagle3(folder, drop="midlayer.hidden_norm.weight")
+    elif case == "missing lm_head":
+        _eagle3(folder, drop="lm_head.weight")
+    elif case == "missing d2t":
+        _eagle3(folder, drop="d2t")
+    elif case == "d2t outside the vocabulary":
+        _eagle3(folder)
+        _edit(folder, weights=lambda s: s.update({"d2t": s["d2t"] * 3}))
+    elif case == "heads of another size":
+        _eagle3(folder, num_key_value_heads=4)
+    elif case == "embedding of another vocabulary":
+        _eagle3(folder, embedding=torch.randn(90, H))
+    elif case == "layer ids beyond the target":
+        _eagle3(folder, layer_ids=[1, 4, 6])
+    elif case == "default layer ids on 2 layers":
+        _eagle3(folder, layer_ids=None)
+        against = target
+    elif case == "yarn":
+        _eagle3(folder, rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64})
+    with pytest.raises(SpeculatorLoadError) as e:
+        load_eagle3(folder, against)
+    assert e.value.key == key and Path(e.value.file) == folder / file, (e.value.file, e.value.key)
+    assert str(folder / file) in str(e.value) and repr(key) in str(e.value)
+
+
+# --- detection, and the layers the target returns --------------------------------------------------------------------
+
+
+def test_detection_names_the_method_or_refuses_an_unknown_layout(tiny_lm, tmp_path):
+    from tests.speculator_checkpoints.medusa import write_medusa
+
+    assert detect(_eagle1(tiny_lm, tmp_path / "a")) == "eagle"
+    assert detect(_eagle1(tiny_lm, tmp_path / "b", layout="vllm")) == "eagle"
+    assert detect(_eagle3(tmp_path / "c")) == "eagle3"
+    assert detect(_eagle3(tmp_path / "d", layout="trainer")) == "eagle3"
+    assert detect(write_medusa(tmp_path / "m", H, V)) == "medusa"
+    tiny_lm.save_pretrained(tmp_path / "lm")  # a plain LM: two layers, no fc
+    one_layer = _edit(_eagle1(tiny_lm, tmp_path / "e"), weights=lambda s: s.pop("fc.weight"))  # one layer, no fc
+    gpt2 = _edit(_eagle1(tiny_lm, tmp_path / "f"), {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})
+    for folder in (tmp_path / "lm", one_layer, gpt2):
+        with pytest.raises(SpeculatorLoadError) as e:
+            detect(folder)
+        assert e.value.key == "architectures" and e.value.file == str(folder / "config.json")
+        assert str(folder / "config.json") in str(e.value)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SpeculatorLoadError, match="config.json") as e:
+        detect(tmp_path / "empty")
+    assert e.value.key == "config.json"
+
+
+def test_the_target_returns_the_union_of_the_eagle3_heads_layers(tiny_lm, tmp_path):
+    from tests.speculator_checkpoints.medusa import write_medusa
+
+    e1, e3 = _eagle1(tiny_lm, tmp_path / "e1"), _eagle3(tmp_path / "e3", layer_ids=[5, 1, 4])
+    medusa = write_medusa(tmp_path / "m", H, V)
+    default = _eagle3(tmp_path / "e3d", layer_ids=None)
+    assert aux_hidden_state_layers(str(e1), 6) == [] == aux_hidden_state_layers(f"{e1},{medusa}", 6)
+    assert aux_hidden_state_layers("", 6) == [] == aux_hidden_state_layers("auto", 6)  # no trained head here
+    assert aux_hidden_state_layers(f"{e1},{e3},{medusa}", 6) == [1, 4, 5]  # sorted: the wire's order
+    assert aux_hidden_state_layers(f"{medusa},{default}", 6) == [2, 3]  # 2, 3, 3: each layer once
+    assert aux_hidden_state_layers(f"{default}", 32) == [2, 16, 29]
+    assert list(served_heads(f"{e1},{e3},{medusa}")) == ["eagle", "eagle3", "medusa"]
+    with pytest.raises(SpeculatorLoadError, match="eagle_aux_hidden_state_layer_ids"):
+        aux_hidden_state_layers(str(e3), 5)  # layer 5 of a 5-layer target
