@@ -3,9 +3,17 @@ layout beside the one ``make speculator`` trains: tests/conftest.py), as users s
 target's for every head and k, a head with fewer positions than k drafts what it has, and a checkpoint that does not
 fit fails draft_model's load with an error naming the file and the key while the rest keeps serving."""
 
+import json
+
 import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from client.generate import stream_generate
+from tests.speculator_checkpoints.eagle import write_eagle3
+from tests.speculator_checkpoints.embedded import target_sizes
+from tests.speculator_checkpoints.medusa import write_medusa
+from tests.speculator_checkpoints.mlp import write_mlp_speculator
 
 N_TOKENS = 64  # greedy_references (conftest.py) holds this many tokens per prompt
 HEADS = ("eagle", "eagle3", "medusa", "mlp_speculator", "arctic")
@@ -25,4 +33,64 @@ def _check_greedy(url: str, refs, method: str, k: int) -> None:
 @pytest.mark.parametrize("method", HEADS)
 def test_every_published_head_serves_the_target_s_greedy_output(server, greedy_references, method, k):
     _check_greedy(server.grpc_url, greedy_references, method, k)
+
+
+def _draft_config(client) -> dict:
+    return client.get_model_config("draft_model", as_json=True)["config"]
+
+
+def _load_draft(client, config: dict, speculator_path: str, server) -> None:
+    """Reload draft_model with ``config`` and another speculator_path (through the launcher, which holds the key the
+    repository API asks for and tells its healer)."""
+    cfg = json.loads(json.dumps(config))
+    cfg.setdefault("parameters", {})["speculator_path"] = {"string_value": speculator_path}
+    server.reload("draft_model", cfg)
+
+
+def test_replaced_heads_serve_too(server, greedy_references, published_heads):
+    """A published EAGLE-3 head given after ``auto`` replaces the trained one, and Arctic's LSTM speculator serves as
+    ``arctic``; draft_model reloads with them (its config override) and the output stays the target's."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    original = _draft_config(client)
+    before = original["parameters"]["speculator_path"]["string_value"]
+    try:
+        _load_draft(client, original, f"auto,{published_heads['eagle3']},{published_heads['arctic_lstm']}", server)
+        for method in ("eagle3", "arctic"):
+            _check_greedy(server.grpc_url, greedy_references, method, 4)
+    finally:
+        _load_draft(client, original, before, server)
+
+
+@pytest.fixture(scope="module")
+def bad_heads(tmp_path_factory, real_model_dir):
+    """Checkpoints that do not fit the embedded target, each with the file and key its load error must name."""
+    s, root = target_sizes(real_model_dir), tmp_path_factory.mktemp("bad-heads")
+    unknown = write_mlp_speculator(root / "unknown", s["hidden"], s["vocab"])
+    cfg = json.loads((unknown / "config.json").read_text())
+    cfg["architectures"], cfg["model_type"] = ["FooSpeculatorForCausalLM"], "foo"
+    (unknown / "config.json").write_text(json.dumps(cfg))
+    return [
+        (write_medusa(root / "hidden", 512, s["vocab"], num_heads=2), "medusa_lm_head.safetensors",
+         "0.0.linear.weight"),
+        (write_mlp_speculator(root / "vocab", s["hidden"], 1000, inner_dim=64), "config.json", "vocab_size"),
+        (write_eagle3(root / "missing", s["hidden"], s["vocab"], s["heads"], s["kv_heads"], s["inter"], 512,
+                      drop="norm.weight"), "pytorch_model.bin", "norm.weight"),
+        (unknown, "config.json", "architectures"),
+    ]
+
+
+def test_a_checkpoint_that_does_not_fit_fails_the_load_naming_the_file_and_key(server, greedy_references, bad_heads):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    original = _draft_config(client)
+    prompt, ref = greedy_references[0]
+    for folder, file, key in bad_heads:
+        with pytest.raises(InferenceServerException) as err:
+            _load_draft(client, original, str(folder), server)
+        message = str(err.value)
+        assert file in message and repr(key) in message and str(folder) in message, message
+        # the rest of the repository serves on, the draft model and its heads included
+        for model in ("generate", "spec_step", "target_model", "verifier"):
+            assert client.is_model_ready(model), model
+        r = stream_generate(server.grpc_url, prompt, 16, speculative_method="eagle", num_draft_tokens=2)
+        assert r.output_ids == ref[:16]
 

@@ -29,7 +29,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar
 
@@ -241,6 +242,39 @@ class Healer:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    @contextmanager
+    def replacing(self, model: str, timeout_s: float = 60.0) -> Iterator[None]:
+        """Hold off watching ``model`` while the caller replaces its processes through the repository API (a load with
+        another configuration), then take its serving processes as the expected ones: after a load that returned,
+        the new ones (Triton ends the old ones after the load returns: this waits up to ``timeout_s`` seconds for
+        that), after a load that raised, the old ones, which serve on.
+
+        Raises:
+            RuntimeError: the healer is reloading ``model``, or restarting the server, right now.
+        """
+        with self._lock:
+            if model in self._busy or "tritonserver" in self._busy:
+                raise RuntimeError(f"{model} is being reloaded or healed right now; try again once the server is ready")
+            self._busy.add(model)
+            old = set(self._expected.get(model, set()))
+        loaded = False
+        try:
+            yield
+            loaded = True
+        finally:
+            server_pid = _started(self.server).pid
+            deadline = time.monotonic() + timeout_s
+            while loaded and any(process_alive(p, server_pid) for p in old) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            stubs = [s for s in stub_processes(server_pid, self.server.repository)
+                     if s.model == model and s.serves and not (loaded and s.pid in old)]
+            with self._lock:
+                gone = old - {s.pid for s in stubs}
+                self._expected[model] = {s.pid for s in stubs}
+                self._busy.discard(model)
+            self._regions.update({s.pid: s.shm_region for s in stubs})
+            remove_shm_regions([self._regions.pop(pid, "") for pid in gone])
 
     def busy(self) -> set[str]:
         """Models being reloaded right now (``tritonserver`` while the whole server restarts)."""

@@ -8,6 +8,7 @@ clients on the served ports cannot load or unload models. Its model processes ar
 
 from __future__ import annotations
 
+import json
 import secrets
 import signal
 import subprocess
@@ -167,11 +168,13 @@ class TritonServer:
         if self.heal and self.healer is None:
             self.healer = Healer(self).start()
 
-    def repository_call(self, action: str, model: str = "") -> list[dict]:
+    def repository_call(self, action: str, model: str = "", config: dict | None = None) -> list[dict]:
         """Call Triton's model repository API with the launcher's key.
 
         Args:
             action: ``load``, ``unload`` (of ``model``; blocks until done) or ``index`` (every model and its state).
+            config: for ``load``, a whole model configuration (Triton's JSON form, as ``get_model_config`` returns it)
+                that replaces the model's config.pbtxt for this load.
 
         Returns:
             For ``index``, Triton's list of ``{"name", "version", "state", "reason"}``; else ``[]``.
@@ -186,10 +189,31 @@ class TritonServer:
         try:
             if action == "index":
                 return client.get_model_repository_index(headers=headers)
-            {"load": client.load_model, "unload": client.unload_model}[action](model, headers=headers)
+            if action == "load":
+                client.load_model(model, headers=headers, config=None if config is None else json.dumps(config))
+            elif action == "unload":
+                client.unload_model(model, headers=headers)
+            else:
+                raise ValueError(f"action must be load, unload or index, not {action!r}")
             return []
         finally:
             client.close()
+
+    def reload(self, model: str, config: dict | None = None) -> None:
+        """Load ``model`` again, with ``config`` (Triton's JSON form of a whole model configuration, as
+        ``get_model_config`` returns it) in place of its config.pbtxt, while the rest serves: Triton starts the new
+        processes and ends the old ones once they are loaded; when the load fails, the model serves on as it was. The
+        healer (if any) is told, so the old processes ending is not taken for a death.
+
+        Raises:
+            tritonclient.utils.InferenceServerException: Triton refused or failed the load (its message says why).
+            RuntimeError: the healer is bringing this model or the server back right now.
+        """
+        if self.healer is None:
+            self.repository_call("load", model, config)
+            return
+        with self.healer.replacing(model):
+            self.repository_call("load", model, config)
 
     def load_unready_models(self) -> None:
         """Load every model of the repository that is not READY (e.g. an ensemble unloaded with one of its steps).

@@ -172,6 +172,35 @@ def test_a_look_that_overlaps_the_end_of_a_reload_does_not_report_the_old_proces
     assert old not in healer._expected["verifier"] and healer.check() == []
 
 
+def test_a_model_replaced_through_the_repository_api_is_not_taken_for_dead(fake):
+    """TritonServer.reload: the old process ends once the new one is loaded; the healer holds off meanwhile and then
+    expects the new one (before, it "healed" the replaced model: an unload and load that tore it down again)."""
+    healer = Healer(fake, log=lambda m: None)
+    healer._rebaseline()
+    old = fake.stubs["verifier"]
+    with healer.replacing("verifier"):
+        fake.repository_call("load", "verifier")
+        assert healer.check() == []
+        # Triton ends the old process after the load returns: the healer waits for that before watching again
+        threading.Timer(0.3, old.kill).start()
+        with pytest.raises(RuntimeError, match="verifier is being reloaded or healed"):
+            with healer.replacing("verifier"):
+                pass
+    assert old.poll() is not None and healer.events == [] and healer.busy() == set()
+    assert healer._expected["verifier"] == {fake.stubs["verifier"].pid} != {old.pid}
+    assert healer.check() == []
+    # a load that fails leaves the old process serving, and expected
+    serving = fake.stubs["verifier"]
+    with pytest.raises(ConnectionError), healer.replacing("verifier"):
+        raise ConnectionError("the load failed")
+    assert healer._expected["verifier"] == {serving.pid} and healer.busy() == set()
+    assert healer.check() == []
+    fake.stubs["verifier"].kill()  # a death after the replacement is still seen
+    fake.stubs["verifier"].wait()
+    assert healer.check() == ["verifier"]
+    _wait_for(lambda: not healer.busy())
+
+
 def test_a_dead_decoupled_model_restarts_the_whole_server(fake):
     healer = Healer(fake, log=lambda m: None)
     healer._rebaseline()
