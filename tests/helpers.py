@@ -87,3 +87,34 @@ def assert_token_law(col, expected, v, label):
     assert counts[zero].sum() == 0, (label, counts, expected)
     _, pvalue = chisquare(counts[~zero], expected[~zero] / expected[~zero].sum() * len(col))
     assert pvalue > 1e-3, (label, counts, expected)
+
+
+def head_round(hidden: int, vocab: int, temperature: float, n: int = 8) -> list:
+    """A round for a head proposer: ``n`` requests of random ids (4 + s of them), k 1..5, greedy (odd s) or sampled
+    at ``temperature`` with seed s, with 1..3 random hidden states [m, hidden]; then one request without hidden states
+    (sequence 99), which must get no drafts."""
+    import torch
+
+    from spec_decode.proposers.base import ProposalRequest
+    from spec_decode.sampling import SamplingParams
+
+    g = torch.Generator().manual_seed(1)
+    reqs = [ProposalRequest(s, torch.randint(0, vocab, (4 + s,), generator=g).tolist(), 1 + s % 5,
+                            SamplingParams() if s % 2 else SamplingParams(temperature=temperature, seed=s), s,
+                            torch.randn(1 + s % 3, hidden, generator=g) * 3) for s in range(n)]
+    reqs.append(ProposalRequest(99, [4, 8], 3, SamplingParams(), 0, None))
+    return reqs
+
+
+def assert_batched_as_alone(proposer, reqs: list) -> list:
+    """``proposer.propose(reqs)`` gives each request the drafts and draft probabilities it gets alone; the last
+    request (no hidden states) gets none. Returns the batched proposals of the others."""
+    import torch
+
+    together = proposer.propose(reqs)
+    assert together[-1].draft_token_ids.numel() == 0
+    for r, t in zip(reqs[:-1], together):
+        alone = proposer.propose([r])[0]
+        assert t.draft_token_ids.tolist() == alone.draft_token_ids.tolist()
+        torch.testing.assert_close(t.draft_probs, alone.draft_probs)
+    return together[:-1]

@@ -47,3 +47,27 @@ def write_published_heads(folder: Path, model_dir: Path) -> dict[str, Path]:
         "arctic": write_arctic(folder / "arctic", h, v, kind="mlp", inner_dim=256),
         "arctic_lstm": write_arctic(folder / "arctic_lstm", h, v, kind="lstm", inner_dim=256),
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tests.speculator_checkpoints.embedded FOLDER``: write every layout for the embedded target under
+    FOLDER and print the ``SPECULATORS`` value that serves one head of each method (random weights: their drafts are
+    rarely accepted, the output stays the target's)."""
+    import argparse
+
+    from spec_decode.engine.model_loading import resolve_model_path
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("folder", type=Path)
+    args = ap.parse_args(argv)
+    model_dir = resolve_model_path("default")
+    assert model_dir is not None, "the embedded model is not prepared: run make setup"
+    heads = write_published_heads(args.folder, model_dir)
+    for name, path in heads.items():
+        print(f"{name:15s} {path}")
+    print("SPECULATORS=" + ":".join(str(heads[m]) for m in ("eagle", "eagle3", "medusa", "mlp_speculator", "arctic")))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -8,8 +8,16 @@ unchanged and nothing else is kept.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
+
+
+def _remove(handles: list) -> None:
+    """Remove forward-hook ``handles`` (``torch.utils.hooks.RemovableHandle``)."""
+    for h in handles:
+        h.remove()
 
 
 class AuxHiddenStates:
@@ -32,13 +40,20 @@ class AuxHiddenStates:
             raise ValueError(f"auxiliary hidden-state layers must be distinct ids in [0, {n}), got {layers}")
         self.layers = list(layers)
         self._latest: dict[int, torch.Tensor] = {}
+        handles = []
         for i in self.layers:
             assert isinstance(stack, nn.ModuleList)
-            stack[i].register_forward_pre_hook(self._hook(i), with_kwargs=True)
+            handles.append(stack[i].register_forward_pre_hook(self._hook(weakref.ref(self), i),
+                                                              with_kwargs=True))
+        # the hooks hold no reference to this object: when it goes (with the cache built on the model), they go too
+        weakref.finalize(self, _remove, handles)
 
-    def _hook(self, i: int):
+    @staticmethod
+    def _hook(owner: weakref.ref, i: int):
         def keep(_module, args, kwargs):
-            self._latest[i] = args[0] if args else kwargs["hidden_states"]
+            aux = owner()
+            if aux is not None:
+                aux._latest[i] = args[0] if args else kwargs["hidden_states"]
         return keep
 
     def extend(self, hidden: torch.Tensor, n_keep: int) -> torch.Tensor:

@@ -214,7 +214,7 @@ def tool_parser(module: str, doc: str, output_help: str) -> argparse.ArgumentPar
     add_data_arguments(ap)
     ap.add_argument("--output", type=Path, default=None, help=output_help)
     ap.add_argument("--corpus-seq-len", type=int, default=512,
-                    help="longest corpus window (the same in make draft and make speculator, which share the teacher)")
+                    help="longest corpus window (the same default in make draft and make speculator)")
     return ap
 
 

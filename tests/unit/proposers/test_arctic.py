@@ -20,6 +20,7 @@ from spec_decode.proposers.speculators.checkpoint import find_weights, load_weig
 from spec_decode.proposers.speculators.layouts import detect
 from spec_decode.proposers.speculators.mlp import MLPSpeculatorHead
 from spec_decode.sampling import SamplingParams
+from tests.helpers import assert_batched_as_alone, head_round
 from tests.speculator_checkpoints.arctic import write_arctic
 
 H, V = 32, 97  # the tiny target's hidden size and vocabulary
@@ -113,17 +114,8 @@ def test_a_round_drafts_as_each_request_alone_with_k_capped_and_the_law_of_its_d
     folder = write_arctic(tmp_path / kind, H, V, kind=kind)
     p = ArcticProposer.from_config(_settings(folder, tiny_dir), {})
     assert isinstance(p, ArcticProposer) and p.name == "arctic"
-    g = torch.Generator().manual_seed(1)
-    reqs = [ProposalRequest(s, torch.randint(0, V, (4 + s,), generator=g).tolist(), 1 + s % 5,
-                            SamplingParams() if s % 2 else SamplingParams(temperature=0.8, seed=s), s,
-                            torch.randn(1 + s % 3, H, generator=g) * 3) for s in range(8)]
-    reqs.append(ProposalRequest(99, [4, 8], 3, SamplingParams(), 0, None))
-    together = p.propose(reqs)
-    assert together[-1].draft_token_ids.numel() == 0
-    for r, t in zip(reqs[:-1], together):
-        alone = p.propose([r])[0]
-        assert t.draft_token_ids.tolist() == alone.draft_token_ids.tolist()
-        torch.testing.assert_close(t.draft_probs, alone.draft_probs)
+    reqs = head_round(H, V, temperature=0.8)
+    for r, t in zip(reqs, assert_batched_as_alone(p, reqs)):
         drafts = t.draft_token_ids.tolist()
         assert len(drafts) == min(r.k, 3)
         logits = reference(folder, r.hidden_states[-1:], torch.tensor([[r.token_ids[-1], *drafts[:-1]]]))[0]

@@ -17,12 +17,11 @@ import torch
 from ...engine.blocks import common_prefix_len
 from ...engine.draft_vocab import DraftVocab
 from ...engine.lru import SequenceLRU
-from ...engine.model_loading import resolve_device, resolve_dtype
 from ...sampling import NoisePurpose
 from ...settings import InvalidInputError
 from ..base import Proposal, ProposalRequest, Proposer, confident, draft_token
-from ..speculators.base import SpeculatorSettings, check_hidden_states, head_served
-from ..speculators.layouts import aux_hidden_state_layers, served_heads
+from ..speculators.base import SpeculatorSettings, check_hidden_states, head_served, load_served_head, place_head
+from ..speculators.layouts import aux_hidden_state_layers
 from ..speculators.target import TargetInfo
 from .context import EagleContext
 from .eagle3 import Eagle3Head, load_eagle3
@@ -93,13 +92,11 @@ class EagleProposer(Proposer):
             SpeculatorLoadError: a folder that does not load (naming the file and key).
             ValueError: CUDA asked for but not available.
         """
-        path = served_heads(settings.speculator_path).get(cls.name)
-        if path is None:
+        loaded = load_served_head(cls.name, settings, lambda folder, target: cls.load(folder, target, settings))
+        if loaded is None:
             return None
-        model, vocab = cls.load(path, settings.target(), settings)
-        device = resolve_device(settings.device)
-        return cls(model.to(device=device, dtype=resolve_dtype(settings.dtype, device)), vocab,
-                   settings.speculator_min_token_prob, settings.max_sequences)
+        (model, vocab), _ = loaded
+        return cls(place_head(model, settings), vocab, settings.speculator_min_token_prob, settings.max_sequences)
 
     def check(self, request: ProposalRequest) -> None:
         """A request's hidden states must be [m, H x (1 + A)] with H the target's hidden size, m below the number of

@@ -46,11 +46,11 @@ from torch import nn
 from ...sampling import NoisePurpose
 from ..base import Proposal, ProposalRequest
 from .base import HeadProposer
-from .checkpoint import SpeculatorLoadError, config_int, find_weights, load_weights, read_config, take
+from .checkpoint import SpeculatorLoadError, find_weights, load_weights, read_config, take
 from .mlp import (
     MLPSpeculatorHead,
     build_mlp_head,
-    check_size,
+    chain_sizes,
     config_flag,
     mlp_weights,
     propose_chain,
@@ -180,11 +180,7 @@ def build_lstm_head(cfg: dict[str, Any], folder: Path, target: TargetInfo) -> ML
         SpeculatorLoadError: a config value or weight that does not fit (naming the file and the key).
     """
     cfile = Path(folder) / "config.json"
-    n = config_int(cfg, "n_predict", cfile)
-    hidden = config_int(cfg, "input_hidden_dim", cfile)
-    check_size(cfg, "input_hidden_dim", hidden, target.hidden_size, cfile, "the target's hidden size")
-    vocab = config_int(cfg, "vocab_size", cfile)
-    check_size(cfg, "vocab_size", vocab, target.vocab_size, cfile, "the target's vocabulary")
+    n, hidden, vocab = chain_sizes(cfg, cfile, "input_hidden_dim", target)
     inner = config_dim(cfg, "inner_dim", cfile)
     for key in ("proj_dim", "emb_dim"):
         if config_dim(cfg, key, cfile) != inner:

@@ -3,11 +3,13 @@ reads (:class:`HeadProposer`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
+from torch import nn
 
 from ...engine.model_loading import resolve_device, resolve_dtype, resolve_model_path
 from ...settings import InvalidInputError, LMSettings, in_range
@@ -15,6 +17,8 @@ from ..base import ProposalRequest, Proposer
 from .checkpoint import SpeculatorLoadError
 from .layouts import served_heads
 from .target import TargetInfo
+
+M = TypeVar("M", bound=nn.Module)
 
 
 @dataclass(frozen=True)
@@ -99,14 +103,11 @@ class HeadProposer(Proposer):
             SpeculatorLoadError: a folder that does not load (naming the file and key).
             ValueError: CUDA asked for but not available.
         """
-        path = served_heads(settings.speculator_path).get(cls.name)
-        if path is None:
+        loaded = load_served_head(cls.name, settings, cls.load)
+        if loaded is None:
             return None
-        target = settings.target()
-        head = cls.load(path, target)
-        device = resolve_device(settings.device)
-        head = head.to(device=device, dtype=resolve_dtype(settings.dtype, device)).eval()
-        return cls(head, target.hidden_size, settings)
+        head, target = loaded
+        return cls(place_head(head, settings).eval(), target.hidden_size, settings)
 
     def check(self, request: ProposalRequest) -> None:
         """A request's hidden states must be [m, H x (1 + A)] (A >= 0), m below the number of committed ids, and
@@ -127,6 +128,31 @@ class HeadProposer(Proposer):
             return [], None
         states = torch.stack([requests[j].hidden_states[-1, :hidden_size] for j in live])  # type: ignore[index]
         return live, states.float()
+
+
+def load_served_head(method: str, settings: SpeculatorSettings, load: Callable[[Path, TargetInfo], Any]
+                     ) -> tuple[Any, TargetInfo] | None:
+    """``load(folder, target)`` of the folder ``speculator_path`` serves for ``method`` (None when it serves none),
+    with the target it was checked against (:meth:`SpeculatorSettings.target`).
+
+    Raises:
+        SpeculatorLoadError: a folder that does not load (naming the file and key).
+    """
+    path = served_heads(settings.speculator_path).get(method)
+    if path is None:
+        return None
+    target = settings.target()
+    return load(path, target), target
+
+
+def place_head(head: M, settings: SpeculatorSettings) -> M:
+    """``head`` moved to the configured ``device`` and ``dtype`` (:func:`~spec_decode.settings.resolve_device`).
+
+    Raises:
+        ValueError: CUDA asked for but not available.
+    """
+    device = resolve_device(settings.device)
+    return head.to(device=device, dtype=resolve_dtype(settings.dtype, device))
 
 
 def head_served(method: str, settings: SpeculatorSettings) -> bool:

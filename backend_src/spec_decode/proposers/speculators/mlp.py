@@ -208,6 +208,21 @@ def check_size(cfg: dict[str, Any], key: str, value: int, want: int, file: Path 
         raise SpeculatorLoadError(file, key, f"{cfg.get(key)!r} does not fit {what} ({want})")
 
 
+def chain_sizes(cfg: dict[str, Any], file: Path | str, hidden_key: str, target: TargetInfo) -> tuple[int, int, int]:
+    """``n_predict``, the hidden size (under ``hidden_key``: ``emb_dim`` for IBM's config, ``input_hidden_dim`` for
+    Arctic's) and ``vocab_size`` of a chain speculator's config, the last two checked against ``target``.
+
+    Raises:
+        SpeculatorLoadError: a missing or non-integer value, or one that does not fit the target (naming the key).
+    """
+    n = config_int(cfg, "n_predict", file)
+    hidden = config_int(cfg, hidden_key, file)
+    check_size(cfg, hidden_key, hidden, target.hidden_size, file, "the target's hidden size")
+    vocab = config_int(cfg, "vocab_size", file)
+    check_size(cfg, "vocab_size", vocab, target.vocab_size, file, "the target's vocabulary")
+    return n, hidden, vocab
+
+
 def build_mlp_head(cfg: dict[str, Any], folder: Path, target: TargetInfo) -> MLPSpeculatorHead:
     """An :class:`MLPSpeculatorHead` from a read ``config.json`` of the MLPSpeculatorConfig keys (``emb_dim``,
     ``inner_dim`` (0: emb_dim), ``vocab_size``, ``n_predict``, ``tie_weights``, ``scale_input``; vLLM
@@ -217,11 +232,7 @@ def build_mlp_head(cfg: dict[str, Any], folder: Path, target: TargetInfo) -> MLP
         SpeculatorLoadError: a config value or weight that does not fit (naming the file and the key).
     """
     cfile = Path(folder) / "config.json"
-    n = config_int(cfg, "n_predict", cfile)
-    hidden = config_int(cfg, "emb_dim", cfile)
-    check_size(cfg, "emb_dim", hidden, target.hidden_size, cfile, "the target's hidden size")
-    vocab = config_int(cfg, "vocab_size", cfile)
-    check_size(cfg, "vocab_size", vocab, target.vocab_size, cfile, "the target's vocabulary")
+    n, hidden, vocab = chain_sizes(cfg, cfile, "emb_dim", target)
     inner = config_int(cfg, "inner_dim", cfile, default=0, low=0) or hidden
     tie, scale = config_flag(cfg, "tie_weights", cfile), config_flag(cfg, "scale_input", cfile)
     if tie and n < 2:
