@@ -21,7 +21,7 @@ POSITIONS = {"medusa": 3, "mlp_speculator": 3, "arctic": 3}  # what tests/specul
 
 
 def _check_greedy(url: str, refs, method: str, k: int) -> None:
-    for prompt, ref in refs[:2]:
+    for prompt, ref in refs[:1]:  # one prompt: the unit tests (test_published_heads.py) cover more in process
         r = stream_generate(url, prompt, N_TOKENS, speculative_method=method, num_draft_tokens=k)
         assert r.output_ids == ref, (method, k, prompt[:60])
         steps, drafted = r.stats["num_steps"], r.stats["num_draft_tokens_total"]

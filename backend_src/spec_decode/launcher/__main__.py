@@ -68,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     overrides = draft_overrides(args.draft_model) if args.draft_model else {}
     if args.speculator:
         paths = [str(Path(p).expanduser().resolve()) for p in args.speculator]
+        missing = [p for p in paths if not Path(p).is_dir()]
+        if missing:  # before tritonserver starts: its log would bury the same error
+            ap.error(f"--speculator / SPECULATORS: no such folder: {', '.join(missing)} (give a speculator folder: "
+                     f"config.json and its weights; docs/speculators.md)")
         overrides.setdefault("draft_model", {})["speculator_path"] = ",".join(["auto", *paths])
     repo = prepare_repository(overrides, args.model_repository)
     server = TritonServer(repo, args.http_port, args.grpc_port, args.metrics_port, log_verbose=args.log_verbose,

@@ -43,7 +43,8 @@ def test_the_banner_names_the_methods_and_heads_the_repository_offers(tiny_heads
     assert served_methods(tmp_path) == "?"
 
 
-def test_speculator_flags_and_the_speculators_variable_serve_heads_beside_the_trained_one(monkeypatch, tmp_path):
+def test_speculator_flags_and_the_speculators_variable_serve_heads_beside_the_trained_one(monkeypatch, tmp_path,
+                                                                                         capsys):
     """--speculator PATH (repeatable) and SPECULATORS=PATH[:PATH...] become draft_model's speculator_path "auto,..."
     (absolute folders); without them the repository's own value stays."""
     import spec_decode.launcher.__main__ as launcher
@@ -61,11 +62,18 @@ def test_speculator_flags_and_the_speculators_variable_serve_heads_beside_the_tr
     monkeypatch.setattr(launcher, "prepare_repository", prepare)
     monkeypatch.setattr(launcher.signal, "signal", lambda *a: None)  # main's SIGTERM handler stays out of pytest
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("SPECULATORS", "/heads/a:/heads/b")
+    for name in ("a", "b", "c"):
+        (tmp_path / name).mkdir()
+    monkeypatch.setenv("SPECULATORS", f"{tmp_path / 'a'}:{tmp_path / 'b'}")
     with pytest.raises(Prepared):
         launcher.main(["--speculator", "c"])
-    assert seen[-1]["draft_model"]["speculator_path"] == f"auto,/heads/a,/heads/b,{tmp_path / 'c'}"
+    assert seen[-1]["draft_model"]["speculator_path"] == f"auto,{tmp_path / 'a'},{tmp_path / 'b'},{tmp_path / 'c'}"
     monkeypatch.delenv("SPECULATORS")
     with pytest.raises(Prepared):
         launcher.main([])
     assert "draft_model" not in seen[-1]
+    # a folder that does not exist is refused before tritonserver starts, naming it
+    with pytest.raises(SystemExit) as exit_:
+        launcher.main(["--speculator", "c", "--speculator", "nope"])
+    assert exit_.value.code == 2 and len(seen) == 2
+    assert f"no such folder: {tmp_path / 'nope'}" in capsys.readouterr().err
