@@ -23,7 +23,7 @@ RUN pip install --no-cache-dir --no-deps .
 ENV SPEC_DECODE_CACHE=/opt/spec_decode/cache
 RUN python3 -c "from spec_decode.engine.model_loading import prepare_default_model; prepare_default_model()"
 
-EXPOSE 8000 8001 8002
+EXPOSE 8000 8001 8002 9000
 # On the GPU the models pick device=auto (cuda) and dtype=auto (bfloat16) from their config.pbtxt.
 # The launcher starts tritonserver (the image's, on PATH) and brings back a model process that dies
 # (docs/deployment.md); it exits non-zero if tritonserver itself dies.

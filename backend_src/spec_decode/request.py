@@ -57,6 +57,8 @@ class GenerationRequest:
     guided_decoding_guide: str = ""
     top_logprobs: int = 0
     prompt_logprobs: int = -1  # -1 = none
+    return_num_input_tokens: bool = False  # the vLLM backend's usage outputs: the prompt's token count
+    return_num_output_tokens: bool = False  # and each response's
 
     def __post_init__(self):
         SamplingParams(self.temperature, self.top_k, self.top_p)  # the sampling rules

@@ -2,9 +2,10 @@
 
 ``python -m spec_decode.launcher`` is what ``make serve`` and the Docker image run. It prepares the default model,
 starts tritonserver (the one on PATH, or the embedded one from nvidia-pytriton) on HOST (default 127.0.0.1) with
-HTTP_PORT, GRPC_PORT and METRICS_PORT (defaults 8000, 8001, 8002), waits until every model is READY, prints the ports,
-the speculative methods served and a client command, and serves until Ctrl-C or SIGTERM, healing model processes that
-die. docs/deployment.md covers health checks, faults and healing.
+HTTP_PORT, GRPC_PORT and METRICS_PORT (defaults 8000, 8001, 8002), waits until every model is READY, starts the
+OpenAI-compatible frontend on OPENAI_PORT (default 9000; :mod:`spec_decode.openai_api`) and waits for it, prints the
+ports, the speculative methods served and client commands, and serves until Ctrl-C or SIGTERM, healing model
+processes (and the frontend) that die. docs/deployment.md covers health checks, faults and healing.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from types import FrameType
 from typing import NoReturn
 
 from ..engine.model_loading import prepare_default_model
+from .frontend import OpenAIFrontend, tokenizer_path
 from .repository import (
     DEFAULT_REPOSITORY,
     draft_overrides,
@@ -53,6 +55,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="a speculator folder in a published layout (EAGLE, EAGLE-3, Medusa, MLP speculator, Arctic), "
                          "served as the method its layout names beside the head make speculator trains (replacing it "
                          "when of the same method); repeatable; SPECULATORS=PATH[:PATH...]")
+    ap.add_argument("--openai-port", type=int, default=int(os.environ.get("OPENAI_PORT", 9000)),
+                    help="port of the OpenAI-compatible frontend (/v1/completions, /v1/chat/completions)")
+    ap.add_argument("--no-openai", action="store_true", help="serve Triton's endpoints alone")
+    ap.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", ""),
+                    help="the OpenAI frontend demands 'Authorization: Bearer KEY' (default: OPENAI_API_KEY; none)")
+    ap.add_argument("--served-model-name", action="append", default=[], metavar="NAME",
+                    help="a model name OpenAI clients send (repeatable; default: the target's folder name)")
     ap.add_argument("--log-verbose", type=int, default=0)
     ap.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"),
                     help="address to listen on (0.0.0.0 in a container)")
@@ -77,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     server = TritonServer(repo, args.http_port, args.grpc_port, args.metrics_port, log_verbose=args.log_verbose,
                           host=args.host)
     server.start()
+    frontend = None
     try:
         try:
             server.wait_ready()
@@ -85,17 +95,32 @@ def main(argv: list[str] | None = None) -> int:
                   f"above names the model that failed to load and why (look for 'failed to load' and 'config "
                   f"parameter')", file=sys.stderr, flush=True)
             return 1
+        openai_line = ""
+        if not args.no_openai:
+            frontend = OpenAIFrontend(server.grpc_url, args.openai_port, args.host, tokenizer_path(repo),
+                                      args.api_key, served_names=tuple(args.served_model_name)).start()
+            try:
+                frontend.wait_ready()
+            except RuntimeError as e:
+                print(f"spec_decode.launcher: {e}", file=sys.stderr, flush=True)
+                return 1
+            openai_line = f"  OpenAI  {frontend.url}/v1{'  (API key required)' if args.api_key else ''}\n"
         print(
             f"\nAll models READY.\n  HTTP    http://{server.http_url}\n  gRPC    {server.grpc_url}\n"
-            f"  metrics http://{server.metrics_url}/metrics\n  speculative_method: {served_methods(repo)}\n"
-            f"{served_speculators(repo)}\nTry:\n"
-            f"  .venv/bin/python -m client.generate --url {server.grpc_url} --humaneval 1 --max-tokens 128\n",
+            f"  metrics http://{server.metrics_url}/metrics\n{openai_line}"
+            f"  speculative_method: {served_methods(repo)}\n{served_speculators(repo)}\nTry:\n"
+            f"  .venv/bin/python -m client.generate --url {server.grpc_url} --humaneval 1 --max-tokens 128\n"
+            + (f"  curl {frontend.url}/v1/chat/completions -H 'Content-Type: application/json' -d "
+               f"'{{\"model\": \"{frontend.served_name}\", \"messages\": [{{\"role\": \"user\", \"content\": "
+               f"\"Write a haiku about Triton.\"}}]}}'\n" if frontend is not None and not args.api_key else ""),
             flush=True,
         )
         return exit_status(server.wait())
     except KeyboardInterrupt:
         return 0
     finally:
+        if frontend is not None:
+            frontend.stop()
         server.stop()
 
 

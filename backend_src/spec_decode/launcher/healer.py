@@ -12,11 +12,11 @@ poll interval of a death:
   load returns. Requests waiting on the dead process fail with the backend's "not healthy" error, so every
   ``generate`` stream stepping through it ends with an error response; caches rebuild on demand in the fresh process
   (each step carries what a cache miss needs).
-- a decoupled model (``generate``, the client entry point) is different: its in-flight requests belonged to the dead
-  process and Triton never ends them, not after an unload and reload of the model either, and tritonserver then
-  ignores SIGINT because those requests never finish. So the whole server is restarted on the same ports (SIGKILL,
-  start, wait until every model is ready), which closes every client connection: their streams end at once with a
-  transport error (gRPC ``UNAVAILABLE``) instead of waiting forever.
+- a decoupled model (``generate`` and ``generate_trtllm``, the client entry points) is different: its in-flight
+  requests belonged to the dead process and Triton never ends them, not after an unload and reload of the model
+  either, and tritonserver then ignores SIGINT because those requests never finish. So the whole server is restarted
+  on the same ports (SIGKILL, start, wait until every model is ready), which closes every client connection: their
+  streams end at once with a transport error (gRPC ``UNAVAILABLE``) instead of waiting forever.
 
 A new process that dies while its model loads (a second fault during recovery) leaves Triton's load waiting forever,
 so :class:`LoadWatch` looks for that and the healer restarts the whole server; a load that fails otherwise is retried,

@@ -1,8 +1,10 @@
-"""Serving: one backend per model (draft_model, target_model, verifier_model, generate), plus the wire module.
+"""Serving: one backend per model (draft_model, target_model, verifier_model, generate, generate_trtllm), plus the wire
+module.
 
 - :mod:`.wire`: every tensor of every model in the repository (name, Triton dtype, dims) and the scalar decoder; the
   config.pbtxt files are tested against it.
-- :mod:`.draft_model`, :mod:`.target_model`, :mod:`.verifier_model`, :mod:`.generate`: the backends behind each
+- :mod:`.draft_model`, :mod:`.target_model`, :mod:`.verifier_model`, :mod:`.generate`, :mod:`.trtllm_format`
+  (``generate_trtllm``: generate for NVIDIA's OpenAI frontend): the backends behind each
   ``model_repository/<model>/1/model.py``. Each takes plain numpy/torch inputs and returns plain outputs, so it is
   testable without Triton.
 - :mod:`.adapter`: the pb_utils boundary (:func:`~.adapter.execute` converts Triton's tensors for the backends);

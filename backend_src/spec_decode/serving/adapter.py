@@ -66,6 +66,15 @@ def sibling_parameters(args: dict, model: str) -> dict[str, str] | None:
     return {k: v.string_value for k, v in parsed.parameters.items()}
 
 
+def request_parameters(request) -> dict:
+    """A request's parameters (Triton's ``InferenceRequest.parameters()``, JSON) as a dict; {} when it has none."""
+    try:
+        raw = request.parameters()
+    except AttributeError:
+        return {}
+    return json.loads(raw) if raw else {}
+
+
 def read_inputs(request, names, pb_utils) -> dict:
     """Input tensors of a request by name (models without a batch dimension): numpy arrays for CPU tensors, torch
     tensors for GPU ones; absent -> missing."""

@@ -32,7 +32,7 @@ from ..settings import (
     one_of,
     warn_unknown_parameters,
 )
-from .adapter import error_response, read_inputs
+from .adapter import error_response, read_inputs, request_parameters
 from .generate_inputs import RequestLimits, check_parameters, parse_request
 from .metrics import Metrics, stats_tuple
 from .rounds import StepRounds
@@ -57,17 +57,6 @@ def end_token_ids(tokenizer, model_path) -> set[int]:
             eos = None
         ids.update(int(t) for t in (eos if isinstance(eos, list) else [eos]) if isinstance(t, int))
     return ids
-
-
-def request_parameters(request) -> dict:
-    """A request's parameters (Triton's ``InferenceRequest.parameters()``, JSON) as a dict; {} when it has none."""
-    import json
-
-    try:
-        raw = request.parameters()
-    except AttributeError:
-        return {}
-    return json.loads(raw) if raw else {}
 
 
 class GenerateBackend:
@@ -163,6 +152,10 @@ class GenerateBackend:
             _, ranks, top_lps, top_ids = logprob_arrays(asked, np.int32, req.top_logprobs)
             out += [pb.Tensor("output_token_ranks", ranks), pb.Tensor("top_log_probs", top_lps),
                     pb.Tensor("top_log_prob_ids", top_ids)]
+        if req.return_num_input_tokens:  # the vLLM backend's usage outputs, in every response
+            out.append(pb.Tensor("num_input_tokens", np.array([gen.prompt_len], np.uint32)))
+        if req.return_num_output_tokens:  # this response's tokens: a stream's sum to the completion's
+            out.append(pb.Tensor("num_output_tokens", np.array([len(chunk.token_ids)], np.uint32)))
         if first and req.prompt_logprobs >= 0:
             arrays = logprob_arrays(gen.prompt_logprobs, np.int32, req.prompt_logprobs)
             out += [pb.Tensor(name, a) for name, a in zip(PROMPT_LOGPROB_OUTPUTS, arrays)]

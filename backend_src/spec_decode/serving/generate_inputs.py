@@ -97,6 +97,13 @@ def parse_request(inputs: dict[str, np.ndarray], limits: RequestLimits) -> Gener
         v = scalar(inputs, name, None, CLIENT)
         if v is not None:
             fields[name] = cast(v)
+    seed = scalar(inputs, "seed", None, CLIENT)  # random_seed's other name (NVIDIA's OpenAI frontend sends it)
+    if seed is not None:
+        seed = in_range("seed", int(seed), 0)
+        if "random_seed" in fields and fields["random_seed"] != seed:
+            raise InvalidInputError("seed", f"is random_seed's other name: send one of them, or equal values (got "
+                                            f"random_seed={fields['random_seed']}, seed={seed})")
+        fields["random_seed"] = seed
     if "random_seed" in fields:
         fields["random_seed"] = in_range("random_seed", fields["random_seed"], 0) & ((1 << 63) - 1)
     if "end_id" in fields and limits.vocab_size is not None and not 0 <= fields["end_id"] < limits.vocab_size:
@@ -148,7 +155,8 @@ def parse_request(inputs: dict[str, np.ndarray], limits: RequestLimits) -> Gener
         raise InvalidInputError("guided_decoding_guide", f"needs guided_decoding_guide_type (one of "
                                                          f"{', '.join(GUIDE_TYPES)})")
 
-    for name in ("stream", "exclude_input_in_output", "return_log_probs", "ignore_eos"):
+    for name in ("stream", "exclude_input_in_output", "return_log_probs", "ignore_eos", "return_num_input_tokens",
+                 "return_num_output_tokens"):
         v = scalar(inputs, name, None, CLIENT)
         if v is not None:
             fields[name] = bool(v)

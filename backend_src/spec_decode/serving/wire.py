@@ -4,7 +4,8 @@ The one place that names the tensors. Each model's config.pbtxt must declare exa
 and each ensemble's ``input_map``/``output_map`` must be what :func:`ensemble_maps` derives
 (``tests/unit/serving/test_wire.py`` holds every config.pbtxt to it). Step tensors (:data:`STEP`) have one dtype
 and shape wherever they appear; ``generate``'s client tensors (:data:`CLIENT`) follow the TensorRT-LLM and vLLM
-Triton backends' names. Dims are per row: batched models (``max_batch_size`` > 0) add the batch dimension in front.
+Triton backends' names, and ``generate_trtllm`` (the same tensors, ``max_batch_size`` 1, for NVIDIA's OpenAI frontend)
+declares them too. Dims are per row: batched models (``max_batch_size`` > 0) add the batch dimension in front.
 """
 
 from __future__ import annotations
@@ -17,14 +18,15 @@ import numpy as np
 from ..settings import InvalidInputError, decode_text
 
 SPEC_STEP, SCORE_STEP = "spec_step", "score_step"  # the ensembles generate calls (score_step: rounds without drafts)
+GENERATE, GENERATE_TRTLLM = "generate", "generate_trtllm"  # the client models (generate_trtllm: batched, over BLS)
 STEP_PARTS = ("draft_model", "target_model", "verifier")  # the models the two ensembles run
 PAD_ID = -1  # pads rows of token-id tensors (never a token id)
 
-_NUMPY = {"BOOL": np.bool_, "INT32": np.int32, "INT64": np.int64, "UINT64": np.uint64, "FP32": np.float32,
-          "STRING": np.object_}
-_KINDS = {"BOOL": "biu", "INT32": "iu", "INT64": "iu", "UINT64": "iu", "FP32": "f", "STRING": "OSU"}
-_WHAT = {"BOOL": "BOOL", "INT32": "integer", "INT64": "integer", "UINT64": "integer", "FP32": "FP32",
-         "STRING": "string"}
+_NUMPY = {"BOOL": np.bool_, "INT32": np.int32, "INT64": np.int64, "UINT32": np.uint32, "UINT64": np.uint64,
+          "FP32": np.float32, "STRING": np.object_}
+_KINDS = {"BOOL": "biu", "INT32": "iu", "INT64": "iu", "UINT32": "iu", "UINT64": "iu", "FP32": "f", "STRING": "OSU"}
+_WHAT = {"BOOL": "BOOL", "INT32": "integer", "INT64": "integer", "UINT32": "integer", "UINT64": "integer",
+         "FP32": "FP32", "STRING": "string"}
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,8 @@ class Tensor:
 
     Attributes:
         name: the tensor's name.
-        dtype: Triton's data type without ``TYPE_`` (``BOOL``, ``INT32``, ``INT64``, ``UINT64``, ``FP32``, ``STRING``).
+        dtype: Triton's data type without ``TYPE_`` (``BOOL``, ``INT32``, ``INT64``, ``UINT32``, ``UINT64``, ``FP32``,
+            ``STRING``).
         dims: per-row dims (-1: any length).
         optional: an input the request may leave out.
         ragged: ``allow_ragged_batch`` (requests' rows of different lengths are handed to ``execute`` unpadded).
@@ -96,6 +99,7 @@ CLIENT: dict[str, Tensor] = _table(
     Tensor("top_p", "FP32", (1,), optional=True),
     Tensor("top_k", "INT32", (1,), optional=True),
     Tensor("random_seed", "UINT64", (1,), optional=True),
+    Tensor("seed", "UINT64", (1,), optional=True),  # random_seed's name in the OpenAI frontend's TensorRT-LLM requests
     Tensor("stop_words", "STRING", (-1,), optional=True),
     Tensor("end_id", "INT32", (1,), optional=True),
     Tensor("stream", "BOOL", (1,), optional=True),
@@ -119,6 +123,8 @@ CLIENT: dict[str, Tensor] = _table(
     Tensor("beam_width", "INT32", (1,), optional=True),  # refused above 1
     Tensor("num_return_sequences", "INT32", (1,), optional=True),  # refused above 1
     Tensor("n", "INT32", (1,), optional=True),  # vLLM's name of the same; refused above 1
+    Tensor("return_num_input_tokens", "BOOL", (1,), optional=True),  # the vLLM backend's usage outputs
+    Tensor("return_num_output_tokens", "BOOL", (1,), optional=True),
     # outputs
     Tensor("text_output", "STRING", (-1,)),
     Tensor("output_ids", "INT32", (-1,)),
@@ -136,6 +142,8 @@ CLIENT: dict[str, Tensor] = _table(
     Tensor("prompt_token_ranks", "INT32", (-1,)),
     Tensor("prompt_top_log_probs", "FP32", (-1, -1)),
     Tensor("prompt_top_log_prob_ids", "INT32", (-1, -1)),
+    Tensor("num_input_tokens", "UINT32", (1,)),  # the prompt's tokens
+    Tensor("num_output_tokens", "UINT32", (1,)),  # the tokens of this response (a stream's sum to the completion's)
 )
 
 
@@ -180,15 +188,20 @@ _LOGPROBS_OUT = "output_token_ranks top_log_probs top_log_prob_ids " + _PROMPT_O
 # the prompt's log-probs in the order of logprob_arrays (spec_decode.processors): log-probs, ranks, top log-probs, ids
 PROMPT_LOGPROB_OUTPUTS = tuple(_PROMPT_OUT.split())
 
+_GENERATE = ModelWire(
+    _pick(CLIENT, "text_input max_tokens temperature top_p top_k random_seed seed stop_words end_id stream "
+                  "exclude_input_in_output return_log_probs ignore_eos num_draft_tokens speculative_method "
+                  "acceptance_method repetition_penalty presence_penalty frequency_penalty min_tokens min_length "
+                  "bad_words stop_token_ids guided_decoding_guide_type guided_decoding_guide top_logprobs "
+                  "prompt_logprobs beam_width num_return_sequences n return_num_input_tokens return_num_output_tokens"),
+    _pick(CLIENT, "text_output output_ids output_log_probs cum_log_probs num_steps num_draft_tokens_total "
+                  "num_accepted_tokens num_emitted_tokens finish_reason " + _LOGPROBS_OUT +
+                  " num_input_tokens num_output_tokens"))
+
 MODELS: dict[str, ModelWire] = {
-    "generate": ModelWire(
-        _pick(CLIENT, "text_input max_tokens temperature top_p top_k random_seed stop_words end_id stream "
-                      "exclude_input_in_output return_log_probs ignore_eos num_draft_tokens speculative_method "
-                      "acceptance_method repetition_penalty presence_penalty frequency_penalty min_tokens min_length "
-                      "bad_words stop_token_ids guided_decoding_guide_type guided_decoding_guide top_logprobs "
-                      "prompt_logprobs beam_width num_return_sequences n"),
-        _pick(CLIENT, "text_output output_ids output_log_probs cum_log_probs num_steps num_draft_tokens_total "
-                      "num_accepted_tokens num_emitted_tokens finish_reason " + _LOGPROBS_OUT)),
+    GENERATE: _GENERATE,
+    # the same tensors per row, with max_batch_size 1: [1, ...] on the wire (spec_decode.serving.trtllm_format)
+    GENERATE_TRTLLM: _GENERATE,
     "draft_model": ModelWire(
         _pick(STEP, _DRAFT_IN, optional="seeded context_hidden_states num_context_hidden_states logits_processors",
               ragged="token_ids context_hidden_states"),
@@ -216,7 +229,8 @@ MODELS: dict[str, ModelWire] = {
 DRAFT_MODEL_INPUTS = MODELS["draft_model"].input_names
 TARGET_MODEL_INPUTS = MODELS["target_model"].input_names
 VERIFIER_INPUTS = MODELS["verifier"].input_names
-GENERATE_INPUTS = MODELS["generate"].input_names
+GENERATE_INPUTS = MODELS[GENERATE].input_names
+GENERATE_OUTPUTS = MODELS[GENERATE].output_names
 
 
 def ensemble_maps(ensemble: str) -> list[tuple[str, dict[str, str], dict[str, str]]]:

@@ -107,8 +107,9 @@ def fake(tmp_path):
 
 
 def test_the_repository_s_decoupled_and_python_models():
-    assert decoupled_models(DEFAULT_REPOSITORY) == {"generate"}
-    assert python_models(DEFAULT_REPOSITORY) == {"generate", "draft_model", "target_model", "verifier"}
+    assert decoupled_models(DEFAULT_REPOSITORY) == {"generate", "generate_trtllm"}
+    assert python_models(DEFAULT_REPOSITORY) == {"generate", "generate_trtllm", "draft_model", "target_model",
+                                                 "verifier"}
 
 
 def test_stub_processes_finds_model_processes_by_command_line(fake, tmp_path):

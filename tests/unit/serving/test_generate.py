@@ -103,6 +103,29 @@ def test_metrics_count_committed_tokens_and_export_them(backend):
     assert {f.name for f in MetricFamily.created} <= set(METRICS)
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_usage_outputs_count_the_prompt_and_each_response_s_tokens(backend, stream):
+    """return_num_input_tokens / return_num_output_tokens (the vLLM backend's, read by NVIDIA's OpenAI frontend): every
+    response carries the prompt's token count and its own tokens', so a stream's sum to the completion's."""
+    flags = dict(return_num_input_tokens=np.array([True]), return_num_output_tokens=np.array([True]))
+    req = _request(max_tokens=np.array([5], np.int32), stream=np.array([stream]), **flags)
+    backend.step = _ScriptedStep()
+    asyncio.run(backend.handle(req))
+    responses = [r for r, _ in req.sender.sent]
+    assert len(responses) == (3 if stream else 1) and req.sender.sent[-1][1] == FINAL
+    prompt_len = len(backend.tokenizer("def add(a, b):")["input_ids"])
+    for r in responses:
+        n_in, n_out = r.outputs["num_input_tokens"], r.outputs["num_output_tokens"]
+        assert n_in.dtype == n_out.dtype == np.uint32 and n_in.tolist() == [prompt_len]
+        assert n_out.tolist() == [len(r.outputs["output_ids"])]
+    assert sum(int(r.outputs["num_output_tokens"][0]) for r in responses) == 5
+    assert int(responses[-1].outputs["num_emitted_tokens"][0]) == 5
+
+    req = _request(max_tokens=np.array([3], np.int32), stream=np.array([stream]))  # not asked for: not sent
+    asyncio.run(backend.handle(req))
+    assert all("num_input_tokens" not in r.outputs and "num_output_tokens" not in r.outputs for r, _ in req.sender.sent)
+
+
 def test_generate_is_held_to_draft_model_s_config_when_it_can_read_it(real_model_dir):
     """generate's largest k may not pass draft_model's, and draft_model_available follows draft_model_path."""
     from spec_decode.serving.generate import GenerateBackend

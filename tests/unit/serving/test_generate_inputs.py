@@ -135,3 +135,29 @@ def test_request_parameters_are_refused_naming_the_key_and_listing_the_inputs():
     check_parameters({})
     with pytest.raises(InvalidInputError, match=r"'repetition_penalt'.*accepted: .*repetition_penalty"):
         check_parameters({"repetition_penalt": 1.2})
+
+
+def test_seed_is_random_seed_s_other_name_and_a_conflict_names_it():
+    """NVIDIA's OpenAI frontend sends ``seed`` (UINT64): the same as random_seed; both with different values are
+    refused naming ``seed``, equal ones are one seed."""
+    assert parse_request(_req(seed=np.array([7], np.uint64)), LIMITS).random_seed == 7
+    both = _req(seed=np.array([7], np.uint64), random_seed=np.array([7], np.uint64))
+    assert parse_request(both, LIMITS).random_seed == 7
+    big = parse_request(_req(seed=np.array([(1 << 64) - 1], np.uint64)), LIMITS).random_seed
+    assert big == parse_request(_req(random_seed=np.array([(1 << 64) - 1], np.uint64)), LIMITS).random_seed
+    with pytest.raises(InvalidInputError, match=r"'seed': is random_seed's other name.*random_seed=7, seed=8") as e:
+        parse_request(_req(seed=np.array([8], np.uint64), random_seed=np.array([7], np.uint64)), LIMITS)
+    assert e.value.field == "seed"
+    for bad in (np.array([-1], np.int64), np.array([1.5], np.float32), np.array([1, 2], np.uint64)):
+        with pytest.raises(InvalidInputError, match="'seed'"):
+            parse_request(_req(seed=bad), LIMITS)
+
+
+def test_the_usage_flags_are_parsed_and_off_by_default():
+    r = parse_request(_req(), LIMITS)
+    assert (r.return_num_input_tokens, r.return_num_output_tokens) == (False, False)
+    r = parse_request(_req(return_num_input_tokens=np.array([True]), return_num_output_tokens=np.array([True])),
+                      LIMITS)
+    assert (r.return_num_input_tokens, r.return_num_output_tokens) == (True, True)
+    with pytest.raises(InvalidInputError, match="'return_num_output_tokens': expected BOOL"):
+        parse_request(_req(return_num_output_tokens=np.array([b"yes"], object)), LIMITS)

@@ -25,6 +25,16 @@ def test_the_wire_module_covers_every_model_the_launcher_serves():
     assert set(wire.MODELS) == set(MODELS)
 
 
+def test_generate_trtllm_is_generate_batched_by_one_and_decoupled():
+    """NVIDIA's OpenAI frontend sends [1, 1] tensors: generate_trtllm declares generate's tensors per row with
+    max_batch_size 1, decoupled as generate; generate itself keeps max_batch_size 0 (its clients send [1])."""
+    trtllm, generate = _config(wire.GENERATE_TRTLLM), _config(wire.GENERATE)
+    assert (trtllm.max_batch_size, generate.max_batch_size) == (1, 0)
+    assert trtllm.model_transaction_policy.decoupled and generate.model_transaction_policy.decoupled
+    assert list(trtllm.input) == list(generate.input) and list(trtllm.output) == list(generate.output)
+    assert not trtllm.HasField("dynamic_batching")  # one request per row: nothing to batch
+
+
 @pytest.mark.parametrize("model", sorted(wire.MODELS))
 def test_config_inputs_and_outputs_are_the_wire_module_s(model):
     cfg, spec = _config(model), wire.MODELS[model]
@@ -66,6 +76,8 @@ def test_the_scalar_decoder_checks_presence_size_and_dtype_kind():
     with pytest.raises(InvalidInputError, match="'text_input': expected string"):
         wire.scalar({"text_input": np.array([1.0])}, "text_input", None, wire.CLIENT)
     assert wire.scalar({"stream": np.array([1], np.int32)}, "stream", None, wire.CLIENT) == 1  # BOOL takes 0/1
+    assert wire.scalar({"num_input_tokens": np.array([7], np.uint32)}, "num_input_tokens", None, wire.CLIENT) == 7
+    assert wire.CLIENT["num_output_tokens"].numpy_dtype is np.uint32
 
 
 def test_the_text_decoder_decodes_utf8_and_returns_the_default_as_given():

@@ -1,0 +1,213 @@
+"""The OpenAI-compatible frontend (spec_decode.openai_api) against the real tritonserver (fixture ``server``),
+through the official ``openai`` client, sync and async, as users call it."""
+
+import asyncio
+import json
+import os
+import signal
+import time
+
+import openai
+import pytest
+import requests
+import torch
+
+from client.datasets import humaneval_prompts
+from client.generate import stream_generate
+from client.metrics import value, wait_for
+from spec_decode.launcher import free_ports
+from spec_decode.launcher.frontend import OpenAIFrontend
+from spec_decode.proposers import METHODS
+from tests.integration.test_trust import CACHES, _idle
+
+MESSAGES = [{"role": "user", "content": "Write a Python function that reverses a string."}]
+N = 24  # tokens per greedy check
+
+
+@pytest.fixture(scope="module")
+def frontend(server, tmp_path_factory):
+    """The frontend on a free port, talking to the session's server (as the launcher starts it)."""
+    fe = OpenAIFrontend(server.grpc_url, free_ports(1)[0], log_path=tmp_path_factory.mktemp("openai") / "fe.log")
+    fe.start()
+    try:
+        fe.wait_ready(120)
+        yield fe
+    finally:
+        fe.stop()
+
+
+@pytest.fixture(scope="module")
+def sync_client(frontend):
+    return openai.OpenAI(base_url=frontend.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def templated(real_tokenizer):
+    return real_tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+
+
+def target_greedy(model, tokenizer, prompt, n):
+    """The target's own greedy continuation (transformers, in process): ids up to EOS."""
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        out = model.generate(ids, max_new_tokens=n, do_sample=False)[0, ids.shape[1]:].tolist()
+    eos = tokenizer.eos_token_id
+    return out[: out.index(eos)] if eos in out else out
+
+
+@pytest.fixture(scope="module")
+def chat_reference(real_model, real_tokenizer, templated):
+    return target_greedy(real_model, real_tokenizer, templated, N)
+
+
+def test_models_lists_the_target(sync_client, frontend):
+    assert [m.id for m in sync_client.models.list()] == [frontend.served_name] == ["SmolLM2-135M-Instruct"]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_chat_greedy_equals_the_targets_greedy_for_every_method(sync_client, frontend, real_tokenizer, method,
+                                                                chat_reference):
+    r = sync_client.chat.completions.create(model=frontend.served_name, messages=MESSAGES, max_tokens=N,
+                                            temperature=0, extra_body={"speculative_method": method,
+                                                                       "num_draft_tokens": 4})
+    assert r.choices[0].message.content == real_tokenizer.decode(chat_reference, skip_special_tokens=True), method
+    assert r.usage.completion_tokens == len(chat_reference)
+
+
+def test_streamed_deltas_join_to_the_whole_and_usage_counts_tokens(sync_client, frontend, real_tokenizer, templated,
+                                                                   chat_reference):
+    kw = dict(model=frontend.served_name, messages=MESSAGES, max_completion_tokens=N, temperature=0,
+              extra_body={"speculative_method": "draft"})
+    whole = sync_client.chat.completions.create(**kw)
+    chunks = list(sync_client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    deltas = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert "".join(deltas) == whole.choices[0].message.content
+    assert any(len(real_tokenizer(d, add_special_tokens=False)["input_ids"]) > 1 for d in deltas)  # a step's tokens
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(chat_reference)
+    n_prompt = len(real_tokenizer(templated)["input_ids"])
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens == n_prompt
+    assert whole.usage.total_tokens == n_prompt + len(chat_reference)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+
+
+def test_async_completions_streamed_and_not_equal_the_targets_greedy(frontend, real_model, real_tokenizer):
+    prompt = humaneval_prompts(1)[0]
+    ref = real_tokenizer.decode(target_greedy(real_model, real_tokenizer, prompt, 16), skip_special_tokens=True)
+
+    async def run():
+        c = openai.AsyncOpenAI(base_url=frontend.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        whole = await c.completions.create(model=frontend.served_name, prompt=prompt, max_tokens=16, temperature=0)
+        stream = await c.completions.create(model=frontend.served_name, prompt=prompt, max_tokens=16, temperature=0,
+                                            stream=True, extra_body={"speculative_method": "suffix"})
+        parts = [ch.choices[0].text async for ch in stream]
+        await c.close()
+        return whole, parts
+
+    whole, parts = asyncio.run(run())
+    assert whole.choices[0].text == "".join(parts) == ref
+    assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 16
+
+
+def test_seed_reproduces_a_sampled_completion(sync_client, frontend):
+    kw = dict(model=frontend.served_name, messages=MESSAGES, max_tokens=16, temperature=1.0, top_p=0.95)
+    a, b = (sync_client.chat.completions.create(seed=1234, **kw).choices[0].message.content for _ in range(2))
+    assert a == b
+    others = {sync_client.chat.completions.create(seed=s, **kw).choices[0].message.content for s in (1, 2, 3)}
+    assert len(others | {a}) > 1  # sampling does sample
+
+
+def test_response_format_json_schema_parses_and_validates(sync_client, frontend):
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    r = sync_client.chat.completions.create(
+        model=frontend.served_name, max_tokens=48, temperature=0,
+        messages=[{"role": "user", "content": "Give a person's name and age as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}})
+    obj = json.loads(r.choices[0].message.content)
+    assert set(obj) == {"name", "age"} and isinstance(obj["name"], str) and isinstance(obj["age"], int)
+    r = sync_client.completions.create(model=frontend.served_name, prompt="A JSON list of three colours:",
+                                       max_tokens=32, temperature=0, extra_body={"response_format":
+                                                                                 {"type": "json_object"}})
+    json.loads(r.choices[0].text)
+
+
+def test_logprobs_equal_generates(sync_client, frontend, server, templated):
+    r = sync_client.chat.completions.create(model=frontend.served_name, messages=MESSAGES, max_tokens=12,
+                                            temperature=0, logprobs=True, top_logprobs=3)
+    got = r.choices[0].logprobs.content
+    direct = stream_generate(server.grpc_url, templated, 12, return_log_probs=True, top_logprobs=3)
+    assert [x.logprob for x in got] == pytest.approx(direct.stats["output_log_probs"], abs=1e-6)
+    assert len(got) == len(direct.output_ids) and all(len(x.top_logprobs) == 3 for x in got)
+    assert all(x.top_logprobs[0].logprob >= x.top_logprobs[1].logprob for x in got)
+    assert "".join(x.token for x in got) == r.choices[0].message.content
+
+
+@pytest.mark.parametrize("kw,status,param", [
+    ({"temperature": -1.0}, 400, "temperature"),
+    ({"n": 2}, 400, "n"),
+    ({"extra_body": {"speculative_method": "bogus"}}, 400, "speculative_method"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, 400, "tools"),
+    ({"model": "gpt-4o"}, 404, "model"),
+])
+def test_errors_name_the_parameter(sync_client, frontend, kw, status, param):
+    args = dict(model=frontend.served_name, messages=MESSAGES, max_tokens=4) | kw
+    with pytest.raises(openai.APIStatusError) as ei:
+        sync_client.chat.completions.create(**args)
+    assert ei.value.status_code == status and ei.value.body["param"] == param, ei.value.body
+
+
+def test_body_too_large_is_413(frontend):
+    r = requests.post(frontend.url + "/v1/completions", data=b"{" + b" " * (5 << 20) + b"}",
+                      headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
+def test_a_client_that_disconnects_mid_stream_frees_the_caches(frontend, server):
+    wait_for(server.metrics_url, _idle)
+    body = {"model": frontend.served_name, "messages": MESSAGES, "max_tokens": 1000, "stream": True,
+            "ignore_eos": True, "speculative_method": "draft"}  # extra controls at the body's top level
+    with requests.post(frontend.url + "/v1/chat/completions", json=body, stream=True, timeout=120) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(6)]  # a few steps are in: the sequence holds its caches
+        assert any(line.startswith(b"data: ") for line in got)
+        wait_for(server.metrics_url, lambda s: value(s, "spec_decode_running_sequences") == 1
+                 and value(s, "spec_decode_target_kv_cache_sequences") == 1
+                 and value(s, "spec_decode_draft_kv_cache_sequences") == 1)
+        t0 = time.monotonic()
+    after = wait_for(server.metrics_url, _idle, timeout_s=30)  # the connection closed: the request is cancelled
+    assert all(value(after, g) == 0 for g in CACHES) and time.monotonic() - t0 < 15
+
+
+def test_triton_not_ready_is_503(real_model_dir, tmp_path):
+    grpc_port, port = free_ports(2)  # nothing listens on grpc_port
+    fe = OpenAIFrontend(f"127.0.0.1:{grpc_port}", port, log_path=tmp_path / "fe.log").start()
+    try:
+        fe._wait(120, ready=False)
+        assert fe.health() == 503
+        c = openai.OpenAI(base_url=fe.url + "/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.APIStatusError) as ei:
+            c.completions.create(model=fe.served_name, prompt="hi", max_tokens=2)
+        assert ei.value.status_code == 503
+    finally:
+        fe.stop()
+
+
+def test_api_key_and_a_dead_frontend_comes_back(server, tmp_path):
+    fe = OpenAIFrontend(server.grpc_url, free_ports(1)[0], api_key="s3cret", log_path=tmp_path / "fe.log").start()
+    try:
+        fe.wait_ready(120)
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=fe.url + "/v1", api_key="wrong", max_retries=0).models.list()
+        ok = openai.OpenAI(base_url=fe.url + "/v1", api_key="s3cret", max_retries=0)
+        assert [m.id for m in ok.models.list()] == [fe.served_name]
+        old = fe.proc.pid
+        os.kill(old, signal.SIGKILL)
+        deadline = time.monotonic() + 90
+        while not any(e.what == "restarted" for e in fe.events) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert [e.what for e in fe.events][:2] == ["died", "restarted"] and fe.proc.pid != old
+        fe._wait(60)
+        r = ok.completions.create(model=fe.served_name, prompt="def add(a, b):", max_tokens=4, temperature=0)
+        assert r.usage.completion_tokens == 4
+    finally:
+        fe.stop()
