@@ -178,6 +178,30 @@ def test_a_client_that_disconnects_mid_stream_frees_the_caches(frontend, server)
     assert all(value(after, g) == 0 for g in CACHES) and time.monotonic() - t0 < 15
 
 
+def test_a_client_that_leaves_during_a_long_prefill_is_cancelled_then(frontend, server, real_tokenizer):
+    """Gone before the first event (the prompt still being prefilled): the request is cancelled at once, not after its
+    first step."""
+    import socket
+    from urllib.parse import urlparse
+
+    before = wait_for(server.metrics_url, _idle)
+    prompt = "\n".join(f"# note {i}: the value of x{i} is {i * 7 % 13}" for i in range(120))  # ~1,500 tokens
+    body = json.dumps({"model": frontend.served_name, "prompt": prompt, "max_tokens": 200, "stream": True,
+                       "ignore_eos": True, "speculative_method": "none"}).encode()
+    u = urlparse(frontend.url)
+    with socket.create_connection((u.hostname, u.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        wait_for(server.metrics_url, lambda s: value(s, "spec_decode_running_sequences") == 1)
+    t0 = time.monotonic()
+    after = wait_for(server.metrics_url, _idle, timeout_s=30)
+    assert time.monotonic() - t0 < 15
+    emitted = [value(x, "spec_decode_emitted_tokens_total", method="none") for x in (before, after)]
+    assert emitted[0] == emitted[1]  # cancelled while its prompt was prefilled: no token was generated for it
+    assert value(after, "spec_decode_requests_total", method="none", finish_reason="cancelled") == value(
+        before, "spec_decode_requests_total", method="none", finish_reason="cancelled") + 1
+
+
 def test_triton_not_ready_is_503(real_model_dir, tmp_path):
     grpc_port, port = free_ports(2)  # nothing listens on grpc_port
     fe = OpenAIFrontend(f"127.0.0.1:{grpc_port}", port, log_path=tmp_path / "fe.log").start()

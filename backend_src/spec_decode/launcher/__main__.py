@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             f"  .venv/bin/python -m client.generate --url {server.grpc_url} --humaneval 1 --max-tokens 128\n"
             + (f"  curl {frontend.url}/v1/chat/completions -H 'Content-Type: application/json' -d "
                f"'{{\"model\": \"{frontend.served_name}\", \"messages\": [{{\"role\": \"user\", \"content\": "
-               f"\"Write a haiku about Triton.\"}}]}}'\n" if frontend is not None and not args.api_key else ""),
+               f"\"Write a haiku about Triton.\"}}], \"max_tokens\": 64}}'\n" if frontend is not None and not args.api_key else ""),
             flush=True,
         )
         return exit_status(server.wait())

@@ -32,6 +32,7 @@ from .responses import Reply, merge_logprobs, sse
 from .triton import StepOutput, TritonGenerate
 
 DEFAULT_MAX_BODY_BYTES = 4 << 20
+BODY_TIMEOUT_S = 60.0  # a client that sends less than its Content-Length gets a 408, not a connection held forever
 
 
 def served_name(model_path) -> str:
@@ -98,19 +99,31 @@ def _authorize(request: Request) -> None:
 
 
 async def _read_json(request: Request, limit: int) -> Any:
+    """The body as JSON: 413 over ``limit`` bytes, 408 when it does not arrive within :data:`BODY_TIMEOUT_S`, 400 when
+    it is not JSON, is nested too deeply, or holds text that is not Unicode (an unpaired surrogate escape)."""
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
         raise OpenAIError(413, f"the request body is {int(length)} bytes; at most {limit}", code="request_too_large")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise OpenAIError(413, f"the request body is over {limit} bytes", code="request_too_large")
-        chunks.append(chunk)
     try:
-        return json.loads(b"".join(chunks))
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise OpenAIError(413, f"the request body is over {limit} bytes", code="request_too_large")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise OpenAIError(408, f"the request body did not arrive within {BODY_TIMEOUT_S:.0f} s") from None
+    try:
+        body = json.loads(b"".join(chunks))
+        json.dumps(body, ensure_ascii=False).encode("utf-8")  # every string must be text that can be encoded
+    except RecursionError:
+        raise OpenAIError(400, "the request body is nested too deeply") from None
+    except UnicodeEncodeError:
+        raise OpenAIError(400, "the request body holds an unpaired UTF-16 surrogate (e.g. \\ud800): not text") from None
     except ValueError as e:
         raise OpenAIError(400, f"the request body is not valid JSON: {e}") from None
+    return body
 
 
 async def _first(steps: AsyncIterator[StepOutput]) -> StepOutput:
@@ -162,9 +175,13 @@ async def _whole(reply: Reply, steps) -> JSONResponse:
     return JSONResponse(reply.whole("".join(texts), reason, merge_logprobs(parts, reply.call.chat)))
 
 
-async def _until_disconnect(request: Request, work) -> Response:
-    """Run ``work`` (a coroutine giving the response) unless the client disconnects first: then it is cancelled (and
-    with it the Triton request)."""
+class _Disconnected(Exception):
+    """The client closed the connection before the response started."""
+
+
+async def _unless_disconnected(request: Request, work):
+    """``work``'s result (a coroutine), unless the client disconnects first: then ``work`` is cancelled (and with it
+    the Triton request) and :class:`_Disconnected` raised."""
     async def disconnected() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
@@ -179,7 +196,7 @@ async def _until_disconnect(request: Request, work) -> Response:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError, OpenAIError):
         await task
-    return Response(status_code=499)  # nobody is there to read it
+    raise _Disconnected
 
 
 async def _complete(request: Request, chat: bool) -> Response:
@@ -194,9 +211,12 @@ async def _complete(request: Request, chat: bool) -> Response:
         call.inputs["max_tokens"] = np.array([await served.triton.max_model_len()], np.int32)
     reply = Reply(call, served.token_text)
     steps = served.triton.stream(call.prompt, call.inputs, "messages" if chat else "prompt")
-    if not call.stream:
-        return await _until_disconnect(request, _whole(reply, steps))
-    first = await _first(steps)
+    try:
+        if not call.stream:
+            return await _unless_disconnected(request, _whole(reply, steps))
+        first = await _unless_disconnected(request, _first(steps))  # a long prefill: the client may leave meanwhile
+    except _Disconnected:
+        return Response(status_code=499)  # nobody is there to read it
     return StreamingResponse(_events(reply, first, steps), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 

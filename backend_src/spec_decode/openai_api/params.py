@@ -20,6 +20,7 @@ import numpy as np
 from .errors import OpenAIError, bad_value
 
 MAX_TOP_LOGPROBS = 20  # generate's bound (spec_decode.processors.MAX_TOP_LOGPROBS), OpenAI's for chat
+INT32_MAX = (1 << 31) - 1  # generate's integer inputs are INT32: larger values are refused, not wrapped
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 # Keys of OpenAI's request bodies that change nothing here (accepted and ignored).
@@ -72,15 +73,20 @@ class GenerateCall:
     echo: bool = False
 
 
-def _typed(body: dict, name: str, kind: type, default: Any = None) -> Any:
-    """``body[name]`` checked to be of ``kind`` (an int is a float; a bool is neither), or ``default`` when absent or
-    null."""
+def _typed(body: dict, name: str, kind: type, default: Any = None, wide: bool = False) -> Any:
+    """``body[name]`` checked to be of ``kind`` (an int is a float; a bool is neither; an int fits in 32 bits unless
+    ``wide``), or ``default`` when absent or null."""
     v = body.get(name)
     if v is None:
         return default
     ok = isinstance(v, kind) and not (kind in (int, float) and isinstance(v, bool))
     if kind is float and isinstance(v, int) and not isinstance(v, bool):
-        ok, v = True, float(v)
+        try:
+            ok, v = True, float(v)
+        except OverflowError:
+            raise bad_value(name, f"{str(v)[:20]}... is too large") from None
+    if ok and kind is int and not wide and not -INT32_MAX - 1 <= v <= INT32_MAX:
+        raise bad_value(name, f"must fit in 32 bits, got {str(v)[:40]}")
     if not ok:
         names = {float: "a number", int: "an integer", bool: "true or false", str: "a string", dict: "an object",
                  list: "an array"}
@@ -146,12 +152,12 @@ def _common(body: dict, call: GenerateCall, max_tokens: int | None, max_tokens_n
     if max_tokens is not None:
         if max_tokens < 1:
             raise bad_value(max_tokens_name, f"must be >= 1, got {max_tokens}")
-        inputs["max_tokens"] = np.array([min(max_tokens, (1 << 31) - 1)], np.int32)
+        inputs["max_tokens"] = np.array([max_tokens], np.int32)
     for name, (inp, dtype, kind) in _SCALARS.items():
         v = _typed(body, name, kind)
         if v is not None:
             inputs[inp] = np.array([v.encode() if kind is str else v], dtype)
-    seed = _typed(body, "seed", int)
+    seed = _typed(body, "seed", int, wide=True)
     if seed is not None:
         if not 0 <= seed < 1 << 64:
             raise bad_value("seed", f"must be in [0, 2**64), got {seed}")
@@ -161,8 +167,8 @@ def _common(body: dict, call: GenerateCall, max_tokens: int | None, max_tokens_n
         inputs["stop_words"] = np.array([s.encode() for s in stop], np.object_)
     ids = _typed(body, "stop_token_ids", list)
     if ids:
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise bad_value("stop_token_ids", "must be an array of token ids (integers)")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT32_MAX for t in ids):
+            raise bad_value("stop_token_ids", "must be an array of token ids (integers >= 0)")
         inputs["stop_token_ids"] = np.array(ids, np.int32)
     guide = _response_format(body)
     if guide is not None:

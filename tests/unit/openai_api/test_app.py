@@ -162,3 +162,14 @@ def test_echo_puts_the_prompt_first():
     assert r["choices"][0]["text"] == "SayHello"
     ev = events(c.post("/v1/completions", json={"model": "m", "prompt": "Say", "echo": True, "stream": True}).text)
     assert "".join(e["choices"][0]["text"] for e in ev) == "SayHello"
+
+
+@pytest.mark.parametrize("raw,what", [
+    (b'{"model": "m", "prompt": "a\\ud800b"}', "surrogate"),
+    (b'{"model": "\\ud800", "prompt": "x"}', "surrogate"),
+    (b"[" * 100000 + b"]" * 100000, "nested"),
+])
+def test_bodies_python_cannot_carry_are_400_not_500(raw, what):
+    c, _ = client()
+    r = c.post("/v1/completions", content=raw, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and what in r.json()["error"]["message"]

@@ -127,3 +127,21 @@ def test_generate_errors_name_the_openai_parameter():
     assert (e.status, e.param) == (400, "speculative_method")
     assert from_triton("Stub process 'generate_0_0' is not healthy.", unavailable=True).status == 503
     assert from_triton("CUDA error").status == 500
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"temperature": 10 ** 400}, "temperature"),
+    ({"top_k": 2 ** 32 + 1}, "top_k"),
+    ({"num_draft_tokens": 2 ** 32 + 9}, "num_draft_tokens"),
+    ({"min_tokens": 2 ** 40}, "min_tokens"),
+    ({"max_tokens": 10 ** 12}, "max_tokens"),
+    ({"stop_token_ids": [2 ** 40]}, "stop_token_ids"),
+])
+def test_numbers_out_of_their_wire_type_are_refused_not_wrapped(extra, param):
+    e = refused(chat(), extra, param)
+    assert str(list(extra.values())[0])[:8] in e.message or "too large" in e.message or "integers" in e.message
+
+
+def test_a_64_bit_seed_is_accepted():
+    call = parse_completion({"model": "m", "prompt": "x", "seed": 2 ** 64 - 1})
+    assert call.inputs["random_seed"].tolist() == [2 ** 64 - 1]
