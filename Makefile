@@ -7,14 +7,16 @@
 # make test   - set everything up (first time), lint, and run the test suite (unit + integration against a real
 #               tritonserver)
 # make test-unit - the unit tests alone (no tritonserver; a few minutes); make lint - ruff and mypy alone
-# make bench  - the serving suite (perf_analyzer and genai-perf at concurrency 1-8 per method, disable_by_batch_size,
-#               in-process transformers generate / prompt lookup / assisted generation; JSON + PNG + goals), a repeated
-#               HumanEval workload (two passes) through a fresh server per method with the speed goals, the forward
-#               cost against new positions (target and draft LM, with the roofline), the draft's cost, suffix decoding's
-#               cache at 10,000 cached responses, the verifier (torch here; Triton kernels where CUDA is available), then
-#               the logits processors' cost per step (every one on against off) and the grammar mask, and last the
-#               scheduling through three servers (streams' stalls and a long prompt's TTFT with chunked prefill on
-#               and off; TTFT of a repeated 1,000-token prefix with prefix caching on and off)
+# make bench  - the serving suite (perf_analyzer at concurrency 1-8 per method; AIPerf at 1 and 8 through Triton's
+#               generate extension and the OpenAI frontend's /v1/completions and /v1/chat/completions;
+#               disable_by_batch_size; in-process transformers generate / prompt lookup / assisted generation; JSON +
+#               PNG + goals), a repeated HumanEval workload (two passes) through a fresh server per method with the
+#               speed goals, the forward cost against new positions (target and draft LM, with the roofline), the
+#               draft's cost, suffix decoding's cache at 10,000 cached responses, the verifier (torch here; Triton
+#               kernels where CUDA is available), then the logits processors' cost per step (every one on against
+#               off) and the grammar mask, and last the scheduling through three servers (streams' stalls and a long
+#               prompt's TTFT with chunked prefill on and off; TTFT of a repeated 1,000-token prefix with prefix
+#               caching on and off)
 #               (each python -m bench.<name> from the repository root, and client.bench; docs/benchmarks.md)
 # make gpu-check - on a GPU machine (no network, nothing installed: python3 with torch, triton, transformers, numpy):
 #               the verifier's kernels against the torch path, their bandwidth, and speculative decoding on CUDA with a
@@ -26,7 +28,8 @@ STAMP := $(VENV)/.setup-done
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
-export HTTP_PORT GRPC_PORT METRICS_PORT
+OPENAI_PORT ?= 9000
+export HTTP_PORT GRPC_PORT METRICS_PORT OPENAI_PORT
 
 .PHONY: setup serve draft speculator lint test test-unit bench bench-serving bench-verifier gpu-check client clean
 
@@ -86,4 +89,4 @@ client: $(STAMP)
 	$(PY) -m client.generate --url 127.0.0.1:$(GRPC_PORT) --humaneval 1 --max-tokens 128
 
 clean:
-	rm -rf $(VENV) .venv-genai-perf results
+	rm -rf $(VENV) .venv-aiperf .venv-genai-perf results

@@ -1,26 +1,22 @@
-"""perf_analyzer and genai-perf against ``generate``: one run each, and the figures read from their exports.
+"""perf_analyzer against ``generate``: one run, and the figures read from its export.
 
 Used by :mod:`bench.serving`. perf_analyzer is tritonclient's (``scripts/setup.sh`` installs it into the venv, beside
-this interpreter); genai-perf lives in its own venv (``scripts/setup_bench.sh``), since it pins packages the serving
-venv must not take.
+this interpreter). AIPerf, the other tool of the suite, is :mod:`bench.aiperf`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def perf_analyzer_env() -> dict[str, str]:
     """Environment for tritonclient's perf_analyzer: libcudart.so.12 (PyPI nvidia-cuda-runtime-cu12) on
-    LD_LIBRARY_PATH, and the venv's bin first on PATH (genai-perf calls ``perf_analyzer`` from PATH)."""
+    LD_LIBRARY_PATH, and the venv's bin first on PATH."""
     import nvidia.cuda_runtime
 
     env = dict(os.environ)
@@ -117,57 +113,3 @@ def run_perf_analyzer(url: str, prompts: list[str], method: str, k: int, concurr
         except (OSError, ValueError) as exc:  # an empty export now and then, with exit status 0
             print(f"  perf_analyzer wrote no usable export ({exc}); running it again", flush=True)
     raise RuntimeError(f"perf_analyzer failed ({r.returncode}): {' '.join(cmd)}\n{(r.stdout + r.stderr)[:1500]}")
-
-
-def find_genai_perf(explicit: str | None) -> str | None:
-    """The genai-perf executable: ``explicit``, else ``.venv-genai-perf/bin/genai-perf``, else on PATH
-    (None if none)."""
-    for cand in (explicit, str(ROOT / ".venv-genai-perf" / "bin" / "genai-perf"), shutil.which("genai-perf")):
-        if cand and Path(cand).exists():
-            return cand
-    return None
-
-
-def run_genai_perf(exe: str, url: str, prompts: list[str], method: str, k: int, concurrency: int, requests: int,
-                   max_tokens: int, tokenizer: Path, workdir: Path) -> dict:
-    """One genai-perf profile (Triton gRPC, TensorRT-LLM-style inputs, streaming) -> its own summary figures.
-
-    Args:
-        exe: the genai-perf executable (:func:`find_genai_perf`).
-        url, prompts, method, k, concurrency, requests, max_tokens: as :func:`run_perf_analyzer`.
-        tokenizer: the target's model folder (genai-perf counts tokens with its tokenizer).
-        workdir: where the prompts file and the artifacts are written.
-
-    Returns:
-        dict: tool, method, concurrency, tokens_per_s, ttft_ms and itl_ms (p50), request_latency_ms (p50),
-        output_sequence_length (mean, tokens), export (the JSON's path).
-
-    Raises:
-        RuntimeError: genai-perf failed or wrote no JSON export.
-    """
-    tag = f"{method}.c{concurrency}"
-    art = workdir / f"genai_perf.{tag}"
-    shutil.rmtree(art, ignore_errors=True)
-    prompts_file = workdir / "genai_perf_prompts.jsonl"
-    prompts_file.write_text("".join(json.dumps({"text": p}) + "\n" for p in prompts))
-    cmd = [exe, "profile", "-m", "generate", "--endpoint-type", "kserve", "--backend", "tensorrtllm", "--streaming",
-           "-u", url, "--input-file", str(prompts_file), "--tokenizer", str(tokenizer),
-           "--output-tokens-mean", str(max_tokens), "--extra-inputs", f"speculative_method:{method}",
-           "--extra-inputs", f"num_draft_tokens:{k if method != 'none' else 0}", "--extra-inputs", "ignore_eos:true",
-           "--concurrency", str(concurrency), "--request-count", str(requests), "--artifact-dir", str(art)]
-    r = subprocess.run(cmd, env=perf_analyzer_env(), capture_output=True, text=True, timeout=3600, cwd=workdir)
-    exports = sorted(art.rglob("*genai_perf.json"))
-    if r.returncode != 0 or not exports:
-        raise RuntimeError(
-            f"genai-perf failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-        )
-    s = json.loads(exports[0].read_text())
-
-    def stat(name, key="avg"):
-        v = s.get(name, {})
-        return v.get(key) if isinstance(v, dict) else None
-
-    return {"tool": "genai-perf", "method": method, "concurrency": concurrency,
-            "tokens_per_s": stat("output_token_throughput"), "ttft_ms": stat("time_to_first_token", "p50"),
-            "itl_ms": stat("inter_token_latency", "p50"), "request_latency_ms": stat("request_latency", "p50"),
-            "output_sequence_length": stat("output_sequence_length"), "export": str(exports[0])}

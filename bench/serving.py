@@ -1,4 +1,4 @@
-"""The serving benchmark of ``make bench``: perf_analyzer and genai-perf against ``generate``, beside in-process
+"""The serving benchmark of ``make bench``: perf_analyzer and AIPerf against ``generate``, beside in-process
 baselines.
 
 In one run, on HumanEval prompts (greedy, ``max_tokens`` new tokens with ``ignore_eos`` so every request has the same
@@ -11,10 +11,13 @@ length):
    (tokens - 1), genai-perf's definition) and the distribution of tokens per response (= per step: one streamed
    response per step). Each concurrency level uses its own window of prompts, so suffix decoding's cache of earlier
    responses never holds the answer to a prompt it is asked again.
-2. genai-perf (``--endpoint-type kserve --backend tensorrtllm --streaming``: Triton gRPC with TensorRT-LLM's tensor
-   names) for each method at concurrency 1 and the largest level, when it is installed (``scripts/setup_bench.sh``
-   puts it in ``.venv-genai-perf``; ``--genai-perf`` names another executable): its own TTFT, ITL and output token
-   throughput.
+2. AIPerf (:mod:`bench.aiperf`), when it is installed (``scripts/setup_bench.sh`` puts it in ``.venv-aiperf``;
+   ``--aiperf`` names another executable), for each method at concurrency 1 and the largest level, through each
+   endpoint with the same prompts (windows of their own, after perf_analyzer's): Triton's HTTP generate extension
+   (``generate_stream``; AIPerf has no KServe gRPC), and the OpenAI-compatible frontend's ``/v1/completions`` and
+   ``/v1/chat/completions`` (started here beside the server), streamed: its own output token throughput, TTFT and
+   ITL, side by side per endpoint. Suffix decoding and hybrid, which draft from earlier responses, get a window per
+   endpoint instead (the second endpoint would find the first one's answers).
 3. A second server with ``disable_by_batch_size`` set: each method against none at the largest concurrency.
 4. In process, on the prompts of the concurrency-1 window: transformers ``generate`` (greedy), prompt lookup
    (``prompt_lookup_num_tokens=k``) and assisted generation with the same draft (its pruned vocabulary scattered back
@@ -22,7 +25,8 @@ length):
 
 Prints the tables and the speed goals (docs/benchmarks.md), saves JSON and two PNG plots (tokens/s against
 concurrency per method; the distribution of tokens per step per method). Ratios compare numbers measured in this one
-run. The methods by default: :func:`default_methods`. :mod:`bench.perf_tools` runs perf_analyzer and genai-perf.
+run. The methods by default: :func:`default_methods`. :mod:`bench.perf_tools` runs perf_analyzer, :mod:`bench.aiperf`
+AIPerf.
 
     python -m bench.serving --output results/serving.json
 """
@@ -40,7 +44,8 @@ import time
 from functools import partial
 from pathlib import Path
 
-from bench.perf_tools import find_genai_perf, run_genai_perf, run_perf_analyzer
+from bench import aiperf
+from bench.perf_tools import run_perf_analyzer
 from client.datasets import humaneval_prompts
 from client.generate import stream_generate
 from client.metrics import scrape, value
@@ -52,7 +57,7 @@ def default_methods() -> tuple[str, ...]:
     LM (``main`` drops it when ``make draft`` has not built one).
 
     Left out: ``hybrid`` and the heads of ``speculator_path`` (``eagle3``, ``eagle``, ...). The suite runs
-    perf_analyzer at every concurrency level (and genai-perf) for each method on one server, its longest part;
+    perf_analyzer at every concurrency level (and AIPerf) for each method on one server, its longest part;
     ``client.bench``'s repeated workload measures hybrid and the heads, through a fresh server each, and ``--methods``
     adds them here.
     """
@@ -242,17 +247,29 @@ def goals(rows: list[dict], baselines: list[dict], levels: list[int]) -> list[di
 
 
 def _print_rows(rows: list[dict]) -> None:
-    print(f"\n{'tool':<14}{'method':<28}{'conc':>5}{'tokens/s':>10}{'TTFT ms':>9}{'ITL ms':>8}{'tok/step':>9}"
+    print(f"\n{'tool':<26}{'method':<28}{'conc':>5}{'tokens/s':>10}{'TTFT ms':>9}{'ITL ms':>8}{'tok/step':>9}"
           f"{'batch':>7}  note")
     for r in rows:
         h = r.get("tokens_per_step_histogram") or {}
         steps = sum(h.values())
-        tps = f"{sum(int(n) * c for n, c in h.items()) / steps:.2f}" if steps else "-"
+        tps = f"{sum(int(n) * c for n, c in h.items()) / steps:.2f}" if steps else (
+            f"{r['tokens_per_response']:.2f}" if r.get("tokens_per_response") else "-")
         fmt = lambda v, f: format(v, f) if isinstance(v, (int, float)) else "-".rjust(int(f.split(".")[0]))  # noqa: E731
         note = f"disable_by_batch_size={r['disable_by_batch_size']}" if r.get("disable_by_batch_size") else ""
-        print(f"{r['tool']:<14}{r['method']:<28}{r['concurrency']:>5}{fmt(r.get('tokens_per_s'), '10.2f')}"
+        tool = f"{r['tool']}:{r['endpoint']}" if r.get("endpoint") else r["tool"]
+        print(f"{tool:<26}{r['method']:<28}{r['concurrency']:>5}{fmt(r.get('tokens_per_s'), '10.2f')}"
               f"{fmt(r.get('ttft_ms'), '9.0f')}{fmt(r.get('itl_ms'), '8.1f')}{tps:>9}"
               f"{fmt(r.get('target_mean_batch'), '7.2f')}  {note or r.get('error', '')[:60]}")
+
+
+def prompt_windows(sizes: dict, pool: list[str]) -> dict:
+    """Consecutive windows of ``pool``, in the order of ``sizes`` (key -> number of prompts), wrapping around when
+    the pool runs out: key -> its prompts."""
+    out, at = {}, 0
+    for key, n in sizes.items():
+        out[key] = [pool[(at + i) % len(pool)] for i in range(n)]
+        at += n
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -260,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     from spec_decode.engine.model_loading import prepare_default_model
     from spec_decode.launcher import TritonServer, draft_overrides, prepare_repository
     from spec_decode.proposers.draft_lm import default_draft_dir, default_draft_ready
+    from spec_decode.proposers.hybrid import HybridProposer
+    from spec_decode.proposers.suffix import SuffixProposer
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--methods", default=",".join(default_methods()),
@@ -272,8 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-draft-tokens", type=int, default=4)
     ap.add_argument("--disable-by-batch-size", type=int, default=4,
                     help="the second server's disable_by_batch_size (0 = skip that part)")
-    ap.add_argument("--genai-perf", help="genai-perf executable (default: .venv-genai-perf/bin/genai-perf or PATH; "
-                                         "'none' skips it)")
+    ap.add_argument("--aiperf", help="aiperf executable (default: .venv-aiperf/bin/aiperf or PATH; 'none' skips it)")
+    ap.add_argument("--aiperf-endpoints", default=",".join(aiperf.ENDPOINTS),
+                    help="the endpoints AIPerf profiles, comma-separated (default: %(default)s)")
     ap.add_argument("--skip-baselines", action="store_true", help="skip the in-process transformers baselines")
     ap.add_argument("--output", type=Path, default=Path("results/serving.json"))
     args = ap.parse_args(argv)
@@ -284,20 +304,25 @@ def main(argv: list[str] | None = None) -> int:
     if "draft" in methods and draft_dir is None:
         print("no distilled draft (make draft): skipping speculative_method=draft", flush=True)
         methods.remove("draft")
-    counts = [max(args.min_requests, args.requests_per_stream * c) for c in levels]
-    prompts = humaneval_prompts(min(164, sum(counts)))
-    windows, at = {}, 0
-    for c, n in zip(levels, counts):  # a window of prompts per level (suffix never sees a prompt twice)
-        windows[c] = [prompts[(at + i) % len(prompts)] for i in range(n)]
-        at += n
+    counts = dict(zip(levels, [max(args.min_requests, args.requests_per_stream * c) for c in levels]))
+    aip = None if args.aiperf == "none" else aiperf.find_aiperf(args.aiperf)
+    if aip is None and args.aiperf != "none":
+        print("aiperf not found (scripts/setup_bench.sh installs it into .venv-aiperf): skipping it", flush=True)
+    endpoints = [e for e in args.aiperf_endpoints.split(",") if e] if aip else []
+    own_window = frozenset({SuffixProposer.name, HybridProposer.name})  # they draft from earlier responses
+    slots = len(endpoints) if own_window & set(methods) else min(1, len(endpoints))
+    # A window of prompts per perf_analyzer level, then AIPerf's (concurrency, slot) windows, then the warm-up
+    # prompt, so suffix decoding never sees a prompt twice.
+    sizes = {("pa", c): n for c, n in counts.items()} | {
+        (c, s): counts[c] for c in sorted({levels[0], levels[-1]}) for s in range(slots)}
+    pool = humaneval_prompts(min(164, sum(sizes.values()) + 1))
+    warm, all_windows = pool[-1], prompt_windows(sizes, pool[:-1])
+    windows = {c: all_windows[("pa", c)] for c in levels}
+    aip_windows = {key: w for key, w in all_windows.items() if key[0] != "pa"}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="spec_decode_bench_"))
     overrides = draft_overrides(str(draft_dir)) if draft_dir is not None else {}
     rows: list[dict] = []
-    genai = None if args.genai_perf == "none" else find_genai_perf(args.genai_perf)
-    if genai is None and args.genai_perf != "none":
-        print("genai-perf not found (scripts/setup_bench.sh installs it into .venv-genai-perf): skipping it",
-              flush=True)
 
     @contextlib.contextmanager
     def serve(extra: dict, tag: str):
@@ -311,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with serve({}, "main") as srv:
         for m in methods:
-            stream_generate(srv.grpc_url, prompts[-1], 8, speculative_method=m)  # warm-up
+            stream_generate(srv.grpc_url, warm, 8, speculative_method=m)  # warm-up
             for c in levels:
                 print(f"perf_analyzer: {m}, concurrency {c}, {len(windows[c])} requests ...", flush=True)
                 rows.append(measure(srv, partial(
@@ -320,21 +345,18 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {rows[-1]['tokens_per_s']:.2f} tokens/s, TTFT {rows[-1]['ttft_ms']:.0f} ms, "
                       f"ITL {rows[-1]['itl_ms']:.1f} ms, target batch {rows[-1]['target_mean_batch'] or 0:.2f}",
                       flush=True)
-        if genai is not None:
-            for m in methods:
-                for c in sorted({levels[0], levels[-1]}):
-                    print(f"genai-perf: {m}, concurrency {c} ...", flush=True)
-                    try:
-                        rows.append(run_genai_perf(genai, srv.grpc_url, windows[c], m, args.num_draft_tokens, c,
-                                                   len(windows[c]), args.max_tokens, prepare_default_model(), workdir))
-                    except RuntimeError as exc:
-                        print(f"  {exc}", flush=True)
-                        rows.append({"tool": "genai-perf", "method": m, "concurrency": c, "error": str(exc)[-2000:]})
+        if aip is not None:
+            log = args.output.with_name(f"{args.output.stem}.openai.log")
+            with aiperf.openai_frontend(srv, log, wanted=any(e.startswith("openai") for e in endpoints)) as openai_url:
+                urls = {e: srv.http_url if e == "triton-generate" else openai_url for e in endpoints}
+                rows += aiperf.profile_endpoints(
+                    aip, {e: u for e, u in urls.items() if u}, methods, aip_windows, args.num_draft_tokens,
+                    args.max_tokens, prepare_default_model(), workdir, warm, own_window)
     if args.disable_by_batch_size > 0:
         c = levels[-1]
         with serve({"generate": {"disable_by_batch_size": str(args.disable_by_batch_size)}}, "disable") as srv:
             for m in methods:
-                stream_generate(srv.grpc_url, prompts[-1], 8, speculative_method=m)
+                stream_generate(srv.grpc_url, warm, 8, speculative_method=m)
                 print(f"perf_analyzer (disable_by_batch_size={args.disable_by_batch_size}): {m}, concurrency {c} ...",
                       flush=True)
                 row = measure(srv, partial(
@@ -350,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     title = (f"HumanEval, {args.max_tokens} tokens/request (ignore_eos), greedy, k={args.num_draft_tokens}, "
              f"{os.cpu_count()} CPUs")
     _print_rows(rows + baselines)
+    aiperf.print_comparison(endpoint_table := aiperf.compare_endpoints(rows))
     goal_rows = goals(rows, baselines, levels)
     print("\ngoals:")
     for g in goal_rows:
@@ -358,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {"title": title, "max_tokens": args.max_tokens, "num_draft_tokens": args.num_draft_tokens,
               "levels": levels, "methods": methods, "draft_model": str(draft_dir) if draft_dir else None,
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-              "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "rows": rows, "baselines": baselines, "goals": goal_rows}
+              "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "rows": rows, "baselines": baselines, "goals": goal_rows,
+              "aiperf_endpoints": endpoint_table}
     args.output.write_text(json.dumps(result, indent=2))
     tps_png = args.output.with_name(f"{args.output.stem}_tokens_per_s.png")
     hist_png = args.output.with_name(f"{args.output.stem}_tokens_per_step.png")

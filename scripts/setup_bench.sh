@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# genai-perf for `make bench`, in its own venv (.venv-genai-perf): genai-perf 0.0.16 pins packages the serving venv
-# must not take (and its PyPI "perf-analyzer" is a placeholder: it calls the perf_analyzer of tritonclient 2.49 that
-# scripts/setup.sh installs into .venv, put on PATH by bench.serving).
+# NVIDIA AIPerf for `make bench` (bench.serving through bench/aiperf.py), in its own venv (.venv-aiperf): aiperf 0.13.0
+# (Python >= 3.11) pins huggingface-hub < 2 and psutil 7.0.x, which the serving venv (.venv) must not take.
+# (It replaces genai-perf 0.0.16 and its .venv-genai-perf, which `make clean` removes.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${GENAI_PERF_VENV:-.venv-genai-perf}
-if [ ! -x "$VENV/bin/genai-perf" ]; then
-  echo ">> installing genai-perf 0.0.16 into $VENV"
-  python3 -m venv "$VENV"
+VENV=${AIPERF_VENV:-.venv-aiperf}
+PYTHON=${PYTHON:-python3.11}
+VERSION=0.13.0
+if [ "$("$VENV/bin/aiperf" --version 2>/dev/null || true)" != "$VERSION" ]; then
+  echo ">> installing aiperf $VERSION into $VENV"
+  "$PYTHON" -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip
-  "$VENV/bin/pip" install -q genai-perf==0.0.16
+  "$VENV/bin/pip" install -q "aiperf==$VERSION"
 fi
-"$VENV/bin/genai-perf" --version >/dev/null 2>&1 || "$VENV/bin/genai-perf" --help >/dev/null
-echo ">> genai-perf ready: $VENV/bin/genai-perf"
+echo ">> aiperf $("$VENV/bin/aiperf" --version) ready: $VENV/bin/aiperf"

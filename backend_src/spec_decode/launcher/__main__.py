@@ -11,6 +11,7 @@ processes (and the frontend) that die. docs/deployment.md covers health checks, 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -110,9 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             f"  metrics http://{server.metrics_url}/metrics\n{openai_line}"
             f"  speculative_method: {served_methods(repo)}\n{served_speculators(repo)}\nTry:\n"
             f"  .venv/bin/python -m client.generate --url {server.grpc_url} --humaneval 1 --max-tokens 128\n"
-            + (f"  curl {frontend.url}/v1/chat/completions -H 'Content-Type: application/json' -d "
-               f"'{{\"model\": \"{frontend.served_name}\", \"messages\": [{{\"role\": \"user\", \"content\": "
-               f"\"Write a haiku about Triton.\"}}], \"max_tokens\": 64}}'\n" if frontend is not None and not args.api_key else ""),
+            + (_curl_hint(frontend) if frontend is not None and not args.api_key else ""),
             flush=True,
         )
         return exit_status(server.wait())
@@ -122,6 +121,13 @@ def main(argv: list[str] | None = None) -> int:
         if frontend is not None:
             frontend.stop()
         server.stop()
+
+
+def _curl_hint(frontend: OpenAIFrontend) -> str:
+    """The banner's line of a chat request to the OpenAI frontend."""
+    body = {"model": frontend.served_name, "max_tokens": 64,
+            "messages": [{"role": "user", "content": "Write a haiku about Triton."}]}
+    return f"  curl {frontend.url}/v1/chat/completions -H 'Content-Type: application/json' -d '{json.dumps(body)}'\n"
 
 
 def exit_status(code: int) -> int:
