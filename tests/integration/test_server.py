@@ -233,8 +233,8 @@ def test_launcher_sigterm_stops_tritonserver(tmp_path):
 
     from spec_decode.launcher import free_ports
 
-    ports = [str(p) for p in free_ports(3)]
-    env = dict(os.environ, HTTP_PORT=ports[0], GRPC_PORT=ports[1], METRICS_PORT=ports[2])
+    ports = [str(p) for p in free_ports(4)]
+    env = dict(os.environ, HTTP_PORT=ports[0], GRPC_PORT=ports[1], METRICS_PORT=ports[2], OPENAI_PORT=ports[3])
     log = open(tmp_path / "launcher.log", "w")
     launcher = subprocess.Popen([sys.executable, "-m", "spec_decode.launcher"], env=env, stdout=log, stderr=log)
     try:
@@ -256,10 +256,14 @@ def test_launcher_sigterm_stops_tritonserver(tmp_path):
             pytest.fail("tritonserver still answers after the launcher got SIGTERM")
         stray = subprocess.run(["pgrep", "-f", "--", f"--http-port={ports[0]}"], capture_output=True, text=True).stdout
         assert stray.strip() == ""
+        frontend = subprocess.run(["pgrep", "-f", "--", f"spec_decode.openai_api .*--port {ports[3]}"],
+                                  capture_output=True, text=True).stdout
+        assert frontend.strip() == ""  # the OpenAI frontend went with it
     finally:
         if launcher.poll() is None:
             launcher.kill()
         subprocess.run(["pkill", "-f", "--", f"--http-port={ports[0]}"])
+        subprocess.run(["pkill", "-f", "--", f"spec_decode.openai_api .*--port {ports[3]}"])
         log.close()
 
 
@@ -277,8 +281,8 @@ def test_a_bad_config_stops_the_launcher_naming_the_parameter(tmp_path, override
     from spec_decode.launcher import free_ports, prepare_repository
 
     repo = prepare_repository(overrides)
-    ports = [str(p) for p in free_ports(3)]
-    env = dict(os.environ, HTTP_PORT=ports[0], GRPC_PORT=ports[1], METRICS_PORT=ports[2])
+    ports = [str(p) for p in free_ports(4)]
+    env = dict(os.environ, HTTP_PORT=ports[0], GRPC_PORT=ports[1], METRICS_PORT=ports[2], OPENAI_PORT=ports[3])
     try:
         done = subprocess.run([sys.executable, "-m", "spec_decode.launcher", "--model-repository", str(repo)], env=env,
                               capture_output=True, text=True, timeout=300)
@@ -300,8 +304,8 @@ def test_launcher_exits_non_zero_and_says_why_when_tritonserver_dies(tmp_path):
 
     from spec_decode.launcher import free_ports
 
-    ports = [str(p) for p in free_ports(3)]
-    env = dict(os.environ, HTTP_PORT=ports[0], GRPC_PORT=ports[1], METRICS_PORT=ports[2])
+    ports = [str(p) for p in free_ports(4)]
+    env = dict(os.environ, HTTP_PORT=ports[0], GRPC_PORT=ports[1], METRICS_PORT=ports[2], OPENAI_PORT=ports[3])
     log_path = tmp_path / "launcher.log"
     log = open(log_path, "w")
     launcher = subprocess.Popen([sys.executable, "-m", "spec_decode.launcher"], env=env, stdout=log, stderr=log)
@@ -317,7 +321,7 @@ def test_launcher_exits_non_zero_and_says_why_when_tritonserver_dies(tmp_path):
         from spec_decode.launcher.processes import stub_processes
 
         stubs = stub_processes(int(server_pid[0]), DEFAULT_REPOSITORY)
-        assert len(stubs) == 4, stubs
+        assert len(stubs) == 5, stubs  # generate, generate_trtllm, draft_model, target_model, verifier
         # streams in flight: a target_model process then outlives tritonserver unless the launcher kills it
         import threading
 
@@ -343,8 +347,12 @@ def test_launcher_exits_non_zero_and_says_why_when_tritonserver_dies(tmp_path):
         # and no model process is left behind (they would hold their memory, re-parented, for good)
         time.sleep(0.5)
         assert stub_processes(int(server_pid[0]), DEFAULT_REPOSITORY, orphans=True) == []
+        frontend = subprocess.run(["pgrep", "-f", "--", f"spec_decode.openai_api .*--port {ports[3]}"],
+                                  capture_output=True, text=True).stdout
+        assert frontend.strip() == ""
     finally:
         if launcher.poll() is None:
             launcher.kill()
         subprocess.run(["pkill", "-9", "-f", "--", f"--http-port={ports[0]}"])
+        subprocess.run(["pkill", "-9", "-f", "--", f"spec_decode.openai_api .*--port {ports[3]}"])
         log.close()
