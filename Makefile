@@ -16,7 +16,8 @@
 #               kernels where CUDA is available), then the logits processors' cost per step (every one on against
 #               off) and the grammar mask, and last the scheduling through three servers (streams' stalls and a long
 #               prompt's TTFT with chunked prefill on and off; TTFT of a repeated 1,000-token prefix with prefix
-#               caching on and off)
+#               caching on and off), and the OpenAI layer's own cost (tokens/s and TTFT through /v1/completions
+#               against gRPC at concurrency 1 and 8)
 #               (each python -m bench.<name> from the repository root, and client.bench; docs/benchmarks.md)
 # make gpu-check - on a GPU machine (no network, nothing installed: python3 with torch, triton, transformers, numpy):
 #               the verifier's kernels against the torch path, their bandwidth, and speculative decoding on CUDA with a
@@ -72,6 +73,7 @@ bench: $(STAMP)
 	$(PY) -m bench.verifier --output results/verifier.json
 	$(PY) -m bench.processors --output results/processors.json
 	$(PY) -m bench.scheduling --output results/scheduling.json
+	$(PY) -m bench.openai_cost --output results/openai_cost.json
 
 bench-serving: $(STAMP)
 	bash scripts/setup_bench.sh

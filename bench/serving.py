@@ -309,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     if aip is None and args.aiperf != "none":
         print("aiperf not found (scripts/setup_bench.sh installs it into .venv-aiperf): skipping it", flush=True)
     endpoints = [e for e in args.aiperf_endpoints.split(",") if e] if aip else []
+    if set(endpoints) - set(aiperf.ENDPOINTS):
+        ap.error(f"--aiperf-endpoints: each one of {', '.join(aiperf.ENDPOINTS)}")
     own_window = frozenset({SuffixProposer.name, HybridProposer.name})  # they draft from earlier responses
     slots = len(endpoints) if own_window & set(methods) else min(1, len(endpoints))
     # A window of prompts per perf_analyzer level, then AIPerf's (concurrency, slot) windows, then the warm-up

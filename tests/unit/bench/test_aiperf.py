@@ -75,8 +75,8 @@ def test_prompts_file_carries_the_generate_inputs_per_line_with_the_warmup_first
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [line["text"] for line in lines] == ["w", "a", "b\n\"c\""]
     # the string "none" (AIPerf's --extra-inputs would turn it into null), no draft tokens for the baseline
-    assert all(line["extra"] == {"speculative_method": "none", "num_draft_tokens": 0, "ignore_eos": True}
-               for line in lines)
+    assert all(line["extra"] == {"speculative_method": "none", "num_draft_tokens": 0, "ignore_eos": True,
+                                 "temperature": 0.0} for line in lines)
     assert aiperf.request_inputs("suffix", 4)["num_draft_tokens"] == 4
 
 
