@@ -29,6 +29,18 @@ def tokenizer_path(repository: Path) -> str:
     return params.get("tokenizer_path", "default")
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the thread that started it ends (Linux ``PR_SET_PDEATHSIG``), so a
+    launcher killed with SIGKILL does not leave the frontend holding its port. Elsewhere: nothing."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 class OpenAIFrontend:
     """The frontend process: started, watched (restarted when it dies) and stopped.
 
@@ -83,7 +95,7 @@ class OpenAIFrontend:
                    PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "backend_src"), os.environ.get("PYTHONPATH", "")]))
         if self.log_path is not None and self._out is None:
             self._out = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self._out,
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self._out, preexec_fn=_die_with_parent,
                                      stderr=subprocess.STDOUT if self._out is not None else None)
         return self
 
