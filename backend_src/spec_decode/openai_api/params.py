@@ -100,6 +100,17 @@ def _check_keys(body: dict, allowed: set[str], endpoint: str) -> None:
             raise bad_value(key, f"unknown parameter of {endpoint}; accepted: {', '.join(sorted(allowed))}")
 
 
+def _model(body: Any, allowed: set[str], endpoint: str) -> str:
+    """The body checked to be an object of known keys naming a ``model``; that model."""
+    if not isinstance(body, dict):
+        raise OpenAIError(400, "the request body must be a JSON object")
+    _check_keys(body, allowed, endpoint)
+    model = _typed(body, "model", str)
+    if not model:
+        raise bad_value("model", "is required (GET /v1/models lists the served models)")
+    return model
+
+
 def _stop(body: dict) -> list[str] | None:
     stop = body.get("stop")
     if stop is None:
@@ -192,12 +203,7 @@ def parse_completion(body: Any) -> GenerateCall:
     Raises:
         OpenAIError: 400 naming the parameter at fault.
     """
-    if not isinstance(body, dict):
-        raise OpenAIError(400, "the request body must be a JSON object")
-    _check_keys(body, COMPLETION_KEYS, "/v1/completions")
-    model = _typed(body, "model", str)
-    if not model:
-        raise bad_value("model", "is required (GET /v1/models lists the served models)")
+    model = _model(body, COMPLETION_KEYS, "/v1/completions")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -275,12 +281,7 @@ def parse_chat(body: Any, render) -> GenerateCall:
     Raises:
         OpenAIError: 400 naming the parameter at fault.
     """
-    if not isinstance(body, dict):
-        raise OpenAIError(400, "the request body must be a JSON object")
-    _check_keys(body, CHAT_KEYS, "/v1/chat/completions")
-    model = _typed(body, "model", str)
-    if not model:
-        raise bad_value("model", "is required (GET /v1/models lists the served models)")
+    model = _model(body, CHAT_KEYS, "/v1/chat/completions")
     for name in ("tools", "functions"):
         if body.get(name):
             raise bad_value(name, "tools are not supported (use response_format with a JSON schema for structured "
