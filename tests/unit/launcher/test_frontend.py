@@ -13,8 +13,8 @@ def test_command_line_names_and_key_in_the_environment(monkeypatch):
     seen = {}
 
     class Popen:
-        def __init__(self, cmd, env, stdout, stderr):
-            seen.update(cmd=cmd, env=env)
+        def __init__(self, cmd, env, stdout, stderr, preexec_fn):
+            seen.update(cmd=cmd, env=env, preexec_fn=preexec_fn)
             self.pid = 1
 
     monkeypatch.setattr(subprocess, "Popen", Popen)
@@ -25,6 +25,7 @@ def test_command_line_names_and_key_in_the_environment(monkeypatch):
     assert cmd[cmd.index("--port") + 1] == "9123" and cmd[cmd.index("--grpc-url") + 1] == "127.0.0.1:1"
     assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "--served-model-name"] == ["a", "b"]
     assert fe.served_name == "a" and fe.url == "http://127.0.0.1:9123"
+    assert seen["preexec_fn"] is fe_mod._die_with_parent  # it goes when the launcher goes
 
 
 def test_tokenizer_is_generates(tmp_path):
