@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from .healer import Event, _stderr_line
+from .events import Event, stderr_line
 from .repository import REPO_ROOT
 
 
@@ -62,7 +62,7 @@ class OpenAIFrontend:
         self.tokenizer, self.api_key, self.log_path = tokenizer, api_key, log_path
         self.proc: subprocess.Popen | None = None
         self.events: list[Event] = []
-        self._log = log or _stderr_line
+        self._log = log or stderr_line
         self._out: IO[bytes] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -26,14 +26,14 @@ the launcher exits non-zero. docs/deployment.md describes faults and healing as 
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
+from .events import Event, stderr_line
 from .processes import process_alive, remove_shm_regions, stub_processes
 from .repository import decoupled_models, python_models
 
@@ -174,28 +174,6 @@ class LoadWatch:
         return result["value"]
 
 
-class Event(NamedTuple):
-    """A healer event, for logs and tests.
-
-    Attributes:
-        t: ``time.monotonic()`` when it happened (seconds).
-        model: the model concerned (``tritonserver`` for whole-server events).
-        what: ``died``, ``reloading``, ``reloaded``, ``load_failed``, ``restarting``, ``restarted`` or ``gave_up``.
-        detail: a human-readable detail (pids, durations, the error).
-    """
-
-    t: float
-    model: str
-    what: str
-    detail: str
-
-
-def _stderr_line(msg: str) -> None:
-    # one write per line, so that the lines of concurrent recoveries do not run together
-    sys.stderr.write(f"[spec_decode.launcher] {msg}\n")
-    sys.stderr.flush()
-
-
 class Healer:
     """Watch a server's model processes and bring dead ones back (module docstring).
 
@@ -218,7 +196,7 @@ class Healer:
         self.max_attempts = max_attempts
         self.load_grace_s = load_grace_s
         self.events: list[Event] = []
-        self._log = log or _stderr_line
+        self._log = log or stderr_line
         self._restart_on_death = decoupled_models(server.repository)
         self._lock = threading.Lock()
         self._expected: dict[str, set[int]] = {}
