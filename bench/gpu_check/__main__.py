@@ -15,11 +15,12 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+DECODING_DTYPES = ("float32", "bfloat16")
 PARTS = ("kernels", "distribution", "batch_invariance", "bandwidth", "decoding", "big_batch")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """The options: device, output (a JSON path), budget_s (seconds)."""
+    """The options: device, output (a JSON path), budget_s (seconds), parts, dtypes (the decoding part's)."""
     from bench import gpu_check
 
     summary = (gpu_check.__doc__ or "").split("\n\n")[0]
@@ -29,6 +30,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--output", type=Path, default=ROOT / "results" / "gpu_check.json")
     ap.add_argument("--budget-s", type=float, default=420.0,
                     help="seconds after which the decoding part's remaining runs are skipped (reported as skipped)")
+    ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                    help="run only these parts (a rerun of one part; the check then reports itself incomplete)")
+    ap.add_argument("--dtypes", nargs="+", choices=DECODING_DTYPES, default=list(DECODING_DTYPES),
+                    help="the decoding part's model dtypes")
     return ap.parse_args(argv)
 
 
@@ -81,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {"mode": ctx.device.type, "versions": versions(ctx), "toolchain": toolchain(), "parts": {}}
     print(f"gpu_check: {result['versions']} {result['toolchain']}", flush=True)
     runs = {"kernels": kernels_vs_torch, "distribution": distribution, "batch_invariance": batch_invariance,
-            "bandwidth": bandwidth, "decoding": lambda c: decoding(c, deadline), "big_batch": big_batch}
-    parts = list(PARTS)  # big_batch last: an illegal address there would be a sticky CUDA error for the rest
+            "bandwidth": bandwidth, "decoding": lambda c: decoding(c, deadline, args.dtypes), "big_batch": big_batch}
+    # big_batch last: an illegal address there would be a sticky CUDA error for the rest
+    parts = [p for p in PARTS if p in args.parts]
     if not result["toolchain"]["ok"]:
         ctx.fail(f"Triton cannot build its kernels' launchers (needs a C compiler and Python.h): "
                  f"{result['toolchain']}; the kernel parts are skipped and decoding verifies with the torch backend")

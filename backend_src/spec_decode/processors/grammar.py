@@ -23,9 +23,8 @@ from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-import llguidance
-import llguidance.hf
 import numpy as np
 import torch
 
@@ -34,11 +33,26 @@ from ..engine.lru import SequenceLRU
 from ..settings import InvalidInputError
 from .core import GUIDE_TYPES  # TensorRT-LLM's guided_decoding_guide_type values
 
+if TYPE_CHECKING:
+    import llguidance
+
 MAX_GUIDE_CHARS = 65536
 ANY_JSON = '{"type": "object"}'  # guide type "json" with an empty guide: any JSON object (OpenAI's JSON mode)
 _TYPE_FIELD = "guided_decoding_guide_type"
 _GUIDE_FIELD = "guided_decoding_guide"
 _MAX_MESSAGE = 200
+
+
+def _engine():
+    """The llguidance module, imported at the first guide: the backends load and serve unguided requests without it
+    (the GPU check runs them where only torch, triton, transformers and numpy are installed).
+
+    Raises:
+        ModuleNotFoundError: llguidance is not installed (``requirements.txt`` pins it).
+    """
+    import llguidance
+    import llguidance.hf  # noqa: F401  (from_tokenizer)
+    return llguidance
 
 
 def _short(message: str) -> str:
@@ -60,7 +74,7 @@ def _schema_grammar(guide: str) -> str:
     if not isinstance(schema, dict):
         raise InvalidInputError(_GUIDE_FIELD, f"a JSON schema must be a JSON object, got {type(schema).__name__}")
     try:
-        return llguidance.LLMatcher.grammar_from_json_schema(guide)
+        return _engine().LLMatcher.grammar_from_json_schema(guide)
     except ValueError as e:
         raise InvalidInputError(_GUIDE_FIELD, _short(str(e))) from None
 
@@ -83,13 +97,13 @@ def _grammar(guide_type: str, guide: str) -> str:
     elif guide_type == "json_schema":
         text = _schema_grammar(guide)
     elif guide_type == "regex":
-        text = llguidance.LLMatcher.grammar_from_regex(guide)
+        text = _engine().LLMatcher.grammar_from_regex(guide)
     else:
         try:  # Lark, or GBNF (llama.cpp's and XGrammar's EBNF, TensorRT-LLM's ebnf_grammar), converted to Lark
-            text = llguidance.grammar_from("grammar", guide)
+            text = _engine().grammar_from("grammar", guide)
         except ValueError as e:
             raise InvalidInputError(_GUIDE_FIELD, _short(str(e))) from None
-    error = llguidance.LLMatcher.validate_grammar(text)
+    error = _engine().LLMatcher.validate_grammar(text)
     if error:
         raise InvalidInputError(_GUIDE_FIELD, _short(error))
     return text
@@ -161,7 +175,7 @@ class GrammarCache:
         self.vocab_size = vocab_size
         self.max_grammars = max_grammars
         self.max_rollback = max_rollback
-        self._tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=max(vocab_size, len(tokenizer)))
+        self._tokenizer = _engine().hf.from_tokenizer(tokenizer, n_vocab=max(vocab_size, len(tokenizer)))
         self._words = (self._tokenizer.vocab_size + 31) // 32  # int32 words of one bitmask
         self._engine_eos = [t for t in self._tokenizer.eos_tokens if t < vocab_size]  # allowed by it when it can end
         self._seqs: SequenceLRU[_State] = SequenceLRU(max_sequences)
@@ -182,7 +196,7 @@ class GrammarCache:
         """
         matcher = self._grammars.get(key)
         if matcher is None:
-            matcher = llguidance.LLMatcher(self._tokenizer, _grammar(*key), log_level=0)
+            matcher = _engine().LLMatcher(self._tokenizer, _grammar(*key), log_level=0)
             if matcher.is_error():
                 raise InvalidInputError(_GUIDE_FIELD, _short(matcher.get_error()))
             self._grammars[key] = matcher

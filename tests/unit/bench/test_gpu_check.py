@@ -17,8 +17,10 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_cpu_mode_runs_every_part_and_every_method_equals_plain_greedy(tmp_path):
     out = tmp_path / "gpu_check.json"
-    # as `make gpu-check` runs it on a GPU machine: the tree on PYTHONPATH, nothing installed needed
-    path = [str(ROOT / "backend_src"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    # as `make gpu-check` runs it on a GPU machine: the tree on PYTHONPATH, nothing installed needed, and the
+    # packages that machine lacks not importable (gpu_machine/sitecustomize.py)
+    here = Path(__file__).parent / "gpu_machine"
+    path = [str(here), str(ROOT / "backend_src"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     proc = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--device", "cpu", "--output", str(out)],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
@@ -40,6 +42,32 @@ def test_cpu_mode_runs_every_part_and_every_method_equals_plain_greedy(tmp_path)
     assert all(r["acceptance_rate"] == 1.0 for r in runs if r["method"] == SELF)
     assert len(res["parts"]["decoding"]["forward_cost"]["ms"]) == 9
     assert "PASSED" in proc.stdout and res["table"] in proc.stdout
+
+
+class _Logits:
+    """A stand-in for a transformers causal LM: the same last-position logits for any input."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, last: list[float]):
+        self.last = torch.tensor(last)
+
+    def __call__(self, input_ids):
+        return type("Out", (), {"logits": self.last.expand(1, input_ids.shape[1], -1)})()
+
+
+@pytest.mark.parametrize(("last", "emitted", "near_tie"), [
+    ([4.0, 3.99, 1.0], 1, True),    # the emitted token second, one bfloat16 step below the reference's
+    ([3.99, 4.0, 1.0], 1, True),    # the emitted token first in a plain forward: the reference's decoding chose 0
+    ([4.0, 3.5, 1.0], 1, False),    # a real gap
+    ([4.0, 3.99, 3.98], 2, False),  # the reference's token first, the emitted one third
+    ([3.0, 4.0, 3.99], 1, False),   # the emitted first and close to the runner-up, the reference's token far below
+])
+def test_a_divergence_is_a_near_tie_only_when_both_tokens_are_within_the_tolerance(last, emitted, near_tie):
+    from bench.gpu_check.decoding import divergence
+
+    d = divergence(_Logits(last), [5, 6], ref=[0, 0], got=[0, emitted], dtype="bfloat16")
+    assert d["position"] == 1 and d["near_tie"] is near_tie
 
 
 @pytest.fixture
