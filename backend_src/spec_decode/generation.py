@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from tokenizers.decoders import DecodeStream
 
 from .processors import ProcessorSpec, TokenLogprobs
-from .protocol import NO_SPECULATION, StepInputs, StepResult
+from .protocol import AUTO, NO_SPECULATION, StepInputs, StepResult
 from .request import GenerationRequest
 from .sampling import SamplingParams
 from .schedule import ConstantK, KSchedule
@@ -57,12 +57,15 @@ class Chunk:
 
 @dataclass
 class GenerationStats:
-    """Per-request statistics (vLLM ``SpecDecodeWorkerMetrics`` counted per request, on committed tokens)."""
+    """Per-request statistics (vLLM ``SpecDecodeWorkerMetrics`` counted per request, on committed tokens); with
+    ``speculative_method=auto``, the method and k chosen for each committed step (:meth:`Generation.commit`)."""
 
     steps: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
     emitted_tokens: int = 0
+    step_methods: list[str] = field(default_factory=list)  # speculative_method=auto: the method of each step
+    step_draft_tokens: list[int] = field(default_factory=list)  # and the k it chose
 
 
 class Generation:
@@ -151,7 +154,8 @@ class Generation:
         room = self.max_model_len - len(self.token_ids)
         k = 0 if req.speculative_method == NO_SPECULATION else max(0, min(self.k, room - 1))
         return StepInputs(self.seq_id, list(self.token_ids), k, req.speculative_method, self.params, self.stats.steps,
-                          req.acceptance_method, self.hidden_states, self.processors, self.cached_len)
+                          req.acceptance_method, self.hidden_states, self.processors, self.cached_len,
+                          auto=req.speculative_method == AUTO)
 
     def _held_back(self) -> int:
         """Characters at the end of ``text`` that could begin a stop word (not sent until resolved)."""
@@ -163,12 +167,13 @@ class Generation:
                     break
         return hold
 
-    def commit(self, result: StepResult) -> Chunk:
+    def commit(self, result: StepResult, step: StepInputs | None = None) -> Chunk:
         """Apply one step's tokens with the stop conditions; return what to stream.
 
         Args:
             result: the step's output ids (1..k+1), drafts proposed, log-probs and hidden states; or a prompt chunk's
                 result (``prefilled`` set: :mod:`spec_decode.chunked_prefill`), which only moves ``cached_len``.
+            step: the inputs the step ran with; for an ``auto`` step, its chosen method and k join the statistics.
 
         Returns:
             the new text and ids that passed the stop conditions (possibly none), finished on the last chunk; empty
@@ -187,6 +192,9 @@ class Generation:
         req = self.request
         self.stats.steps += 1
         self.stats.draft_tokens += result.num_draft_tokens
+        if step is not None and step.auto:
+            self.stats.step_methods.append(step.method)
+            self.stats.step_draft_tokens.append(step.num_draft_tokens)
         accepted_in_step = len(result.output_ids) - 1
         self.k = self.schedule.update(self.k, result.num_draft_tokens, accepted_in_step)
         # the positions that predicted this step's tokens: before the last of them once they are committed

@@ -7,14 +7,17 @@ positions, verify. Tests and benchmarks drive a :class:`~spec_decode.generation.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
+from .auto import AutoController
 from .chunked_prefill import plan_round, round_results
 from .engine.scorer import TargetScorer
 from .generation import Chunk, Generation
 from .processors import step_logprobs
 from .proposers import Proposal, Proposer
-from .protocol import StepInputs, StepResult
+from .protocol import AUTO, StepInputs, StepResult
 from .verifier import Verifier
 
 
@@ -78,7 +81,8 @@ class LocalStep:
         self.scorer.release(seq_id)
 
 
-def run_local(gen: Generation, step: LocalStep, max_num_batched_tokens: int = 0) -> list[Chunk]:
+def run_local(gen: Generation, step: LocalStep, max_num_batched_tokens: int = 0,
+              controller: AutoController | None = None) -> list[Chunk]:
     """Drive ``gen`` to completion with a synchronous step callable; returns every chunk.
 
     Args:
@@ -86,18 +90,32 @@ def run_local(gen: Generation, step: LocalStep, max_num_batched_tokens: int = 0)
         step: runs one step (:class:`LocalStep`).
         max_num_batched_tokens: each step's budget of new target positions; a prompt longer than it is prefilled in
             chunks first (:func:`~spec_decode.chunked_prefill.plan_round`, as generate's rounds do; 0: in one piece).
+        controller: plans each step of a ``speculative_method=auto`` request and learns from its time
+            (:class:`~spec_decode.auto.AutoController`, as generate's rounds do).
 
     The step's caches are released at the end, with the sequence's final ids, even when a step raises.
+
+    Raises:
+        ValueError: an ``auto`` request without a controller.
     """
+    if gen.request.speculative_method == AUTO and controller is None:
+        raise ValueError("speculative_method=auto needs an AutoController")
     chunks = []
     try:
         while not gen.finished:
             inp = gen.next_step()
+            if controller is not None:
+                controller.plan([inp])
             (planned,) = plan_round([inp], max_num_batched_tokens)
             assert planned is not None  # the only step of a round always gets a chunk
+            start = time.perf_counter()
             (result,) = round_results([inp], [planned], [step(planned)])
             assert not isinstance(result, BaseException)  # round_results passes exceptions on; step raised none
-            chunks.append(gen.commit(result))
+            if controller is not None:
+                controller.observe([inp], [result], time.perf_counter() - start)
+            chunks.append(gen.commit(result, inp))
     finally:
         step.release(gen.seq_id, gen.token_ids)
+        if controller is not None:
+            controller.release(gen.seq_id)
     return chunks

@@ -17,6 +17,7 @@ from .processors import ProcessorSpec, TokenLogprobs
 from .sampling import SamplingParams
 
 NO_SPECULATION = "none"  # the speculative_method of plain decoding: no proposer, k = 0
+AUTO = "auto"  # the speculative_method that lets the server choose the proposer and k per step (spec_decode.auto)
 
 
 @dataclass
@@ -39,6 +40,10 @@ class StepInputs:
         cached_len: how many leading ``token_ids`` the target's cache of this sequence is expected to hold (0 for a
             new sequence; the end of the last prompt chunk while its prompt is prefilled in chunks; all but the last
             committed token after a step): what chunked prefill budgets by (:mod:`spec_decode.chunked_prefill`).
+        auto: the request asked for ``auto``: until the round's :class:`~spec_decode.auto.AutoController` plans it,
+            ``method`` is ``auto`` and ``num_draft_tokens`` the cap; then they are its choice.
+        keep_hidden_states: ask the target for its hidden states even when ``method`` does not draft from them (an
+            auto row whose next step may choose a head).
     """
 
     seq_id: int
@@ -51,6 +56,8 @@ class StepInputs:
     hidden_states: np.ndarray | None = None
     processors: ProcessorSpec | None = None
     cached_len: int = 0
+    auto: bool = False
+    keep_hidden_states: bool = False
 
     @property
     def drafts(self) -> bool:

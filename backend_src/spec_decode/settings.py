@@ -226,11 +226,14 @@ class TargetSettings(LMSettings):
         aux_hidden_state_layers: the decoder layers whose inputs the ``hidden_states`` output carries after the last
             hidden state (what EAGLE-3 heads read): ``auto`` (those the heads of draft_model's ``speculator_path``
             name), ``none``, or layer ids separated by commas.
+        calibrate_at_load: time the forward over 1-17 new positions at load, for ``speculative_method=auto``
+            (:mod:`spec_decode.engine.calibration`; a second or two on a CPU).
     """
 
     model_path: str = "default"
     logprobs_mode: str = "raw"
     aux_hidden_state_layers: str = "auto"
+    calibrate_at_load: bool = True
 
     def check(self) -> None:
         """As :meth:`LMSettings.check`, model_path not blank, logprobs_mode ``raw`` or ``processed``."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..protocol import NO_SPECULATION
+from ..protocol import AUTO, NO_SPECULATION
 from ..schedule import ConstantK, KSchedule
 from .base import Proposer
 from .draft_lm import DraftModelProposer
@@ -83,11 +83,11 @@ def config_parameters() -> set[str]:
 
 def k_schedule(method: str, configured: str, max_k: int) -> KSchedule:
     """How k changes from step to step for ``method`` (its proposer's :meth:`~.base.Proposer.k_schedule`; constant
-    for ``none``).
+    for ``none`` and ``auto``).
 
     Raises:
         KeyError: a method not in :data:`METHODS`.
     """
-    if method == NO_SPECULATION:
+    if method in (NO_SPECULATION, AUTO):  # auto's controller chooses k itself
         return ConstantK()
     return PROPOSERS[method].k_schedule(configured, max_k)

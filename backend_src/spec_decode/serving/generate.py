@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 import traceback
 
 import numpy as np
 
+from ..auto import AutoController, RoundCost
 from ..chunked_prefill import PrefixTracker, plan_round, round_results
+from ..engine.calibration import load_calibration
 from ..engine.model_loading import load_tokenizer, resolve_model_path
 from ..generation import Chunk, Generation
 from ..processors import TokenLogprobs, logprob_arrays
-from ..proposers import DraftLMSettings, DraftModelProposer, k_schedule, offered_methods
-from ..protocol import StepInputs, StepResult
+from ..proposers import PROPOSERS, DraftLMSettings, DraftModelProposer, k_schedule, offered_methods
+from ..protocol import AUTO, NO_SPECULATION, StepInputs, StepResult
 from ..schedule import speculation_disabled
 from ..settings import (
     DraftModelSettings,
@@ -40,6 +43,8 @@ from .triton_step import TritonStep
 from .wire import GENERATE_INPUTS, PROMPT_LOGPROB_OUTPUTS
 
 logger = logging.getLogger(__name__)
+
+CALIBRATION_MAX_AGE_S = 600.0  # target_model may finish loading (and calibrating) this long before generate does
 
 
 def end_token_ids(tokenizer, model_path) -> set[int]:
@@ -90,7 +95,8 @@ class GenerateBackend:
         if getattr(self.tokenizer, "backend_tokenizer", None) is None:
             raise ValueError(f"config parameter 'tokenizer_path': {s.tokenizer_path!r} has no fast tokenizer "
                              f"(tokenizer.json), which streaming needs")
-        methods = self._offered_methods(draft_params)
+        served = self._offered_methods(draft_params)
+        methods = (*served, AUTO)  # auto chooses among the served single proposers and none, per step
         try:
             one_of("default_speculative_method", s.default_speculative_method, methods)
         except InvalidInputError as e:
@@ -105,8 +111,17 @@ class GenerateBackend:
         target = TargetSettings.from_params(target_params or {})
         budget = target.kv_cache_max_tokens or 1 << 20  # no bound: remember a million tokens' worth of blocks
         self.prefixes = PrefixTracker(capacity_tokens=budget if target.enable_prefix_caching else 0)
+        self.auto = self._controller(served)
+        self._loaded_at = time.time()  # a calibration file older than this load (minus the models' own) is stale
         self.metrics = Metrics(pb_utils)
         self.metrics.set("spec_decode_running_sequences", 0)
+
+    @staticmethod
+    def _controller(served: tuple[str, ...]) -> AutoController:
+        """speculative_method=auto's controller over the served single proposers (hybrid only composes them)."""
+        singles = [m for m in served if m in PROPOSERS and m != "hybrid"]
+        return AutoController(singles, [m for m in singles if PROPOSERS[m].applies_processors],
+                              [m for m in singles if PROPOSERS[m].needs_hidden_states], cost=RoundCost())
 
     def _offered_methods(self, draft_params: dict[str, str] | None) -> tuple[str, ...]:
         """The methods draft_model serves (:func:`~spec_decode.proposers.offered_methods`), checking generate's
@@ -161,6 +176,9 @@ class GenerateBackend:
             out += [pb.Tensor(name, a) for name, a in zip(PROMPT_LOGPROB_OUTPUTS, arrays)]
         if chunk.finished:
             s = gen.stats
+            if req.speculative_method == AUTO:  # what auto chose at each step
+                out += [pb.Tensor("auto_methods", np.array([m.encode() for m in s.step_methods], np.object_)),
+                        pb.Tensor("auto_num_draft_tokens", np.asarray(s.step_draft_tokens, np.int32))]
             if req.wants_logprobs:
                 out.append(pb.Tensor("cum_log_probs", np.array([gen.cum_log_prob], np.float32)))
             out += [
@@ -207,10 +225,12 @@ class GenerateBackend:
                         gen.commit(result)
                         continue
                     before = stats_tuple(gen.stats)
-                    chunk = gen.commit(result)
+                    chunk = gen.commit(result, inp)
                     if gen.stats.steps == 1:  # the target holds the prompt now: later prompts starting with it reuse it
                         self.prefixes.add(gen.token_ids[: gen.prompt_len])
                     self.metrics.record_step(req.speculative_method, inp.num_draft_tokens, before, gen.stats)
+                    if inp.auto:
+                        self._record_choice(inp.method, before, gen.stats)
                     if req.stream:
                         if chunk.finished:
                             break
@@ -246,6 +266,7 @@ class GenerateBackend:
             if gen.stats.steps:  # the target computed its tokens: later prompts that start with them reuse its blocks
                 self.prefixes.add(gen.token_ids)
             await self.step.release(gen)
+            self.auto.release(gen.seq_id)
             self.metrics.add("spec_decode_requests_total", 1, method=req.speculative_method,
                              finish_reason=gen.finish_reason or "error")
             self._set_running(-1)
@@ -254,9 +275,25 @@ class GenerateBackend:
         """One round of steps (:class:`StepRounds`) within ``max_num_batched_tokens``
         (:func:`~spec_decode.chunked_prefill.plan_round`: prompts prefilled in chunks beside the running sequences):
         one batched request through the transport."""
+        if any(i.auto for i in inps):
+            if not self.auto.cost.calibrated:  # target_model writes its curve at load (engine/calibration.py)
+                curve = load_calibration(not_before=self._loaded_at - CALIBRATION_MAX_AGE_S)
+                if curve:
+                    self.auto.cost.calibrate(curve)
+            self.auto.plan(inps)
         plan = plan_round(inps, self.settings.max_num_batched_tokens)
         run = [p for p in plan if p is not None]
-        return round_results(inps, plan, await self.step.run_batch(run) if run else [])
+        start = time.perf_counter()
+        results = round_results(inps, plan, await self.step.run_batch(run) if run else [])
+        self.auto.observe(inps, results, time.perf_counter() - start)  # every round's time teaches the cost model
+        return results
+
+    def _record_choice(self, method: str, before: tuple[int, int, int, int], after) -> None:
+        """Count an auto step by the method it chose (``none``: no speculation), with its drafts and acceptances."""
+        method = method or NO_SPECULATION
+        self.metrics.add("spec_decode_auto_steps_total", 1, method=method)
+        self.metrics.add("spec_decode_auto_draft_tokens_total", after.draft_tokens - before[1], method=method)
+        self.metrics.add("spec_decode_auto_accepted_tokens_total", after.accepted_tokens - before[2], method=method)
 
     def _set_running(self, delta: int) -> None:
         self.running += delta

@@ -36,6 +36,11 @@ METRICS: dict[str, tuple[str, str]] = {
                                                    "counted), by method"),
     "spec_decode_emitted_tokens_total": (COUNTER, "Output tokens committed (accepted drafts plus recovered or bonus "
                                                   "tokens), by method"),
+    "spec_decode_auto_steps_total": (COUNTER, "Steps of speculative_method=auto requests, by the method auto chose "
+                                              "(none when it did not speculate)"),
+    "spec_decode_auto_draft_tokens_total": (COUNTER, "Draft tokens proposed in auto's steps, by the method it chose"),
+    "spec_decode_auto_accepted_tokens_total": (COUNTER, "Draft tokens accepted in auto's steps, by the method it "
+                                                        "chose"),
     "spec_decode_max_emitted_tokens_total": (COUNTER, "The most tokens the committed steps could emit (sum of k + 1), "
                                                       "by method"),
     "spec_decode_acceptance_rate": (GAUGE, "Accepted / draft tokens since start, by method"),
@@ -48,6 +53,8 @@ METRICS: dict[str, tuple[str, str]] = {
     # (and the proposers' gauges: Proposer.GAUGES, declared by draft_model)
     # target_model
     "spec_decode_score_seconds_total": (COUNTER, "Time target_model spent scoring (seconds)"),
+    "spec_decode_target_calibration_seconds": (GAUGE, "The target's forward over one sequence, measured at load, by "
+                                                      "new positions (seconds; speculative_method=auto's cost curve)"),
     "spec_decode_target_kv_cache_sequences": (GAUGE, "Sequences holding a KV cache in the target"),
     "spec_decode_target_kv_cache_tokens": (GAUGE, "Tokens held in the target's KV caches of running sequences"),
     "spec_decode_target_kv_cache_allocated_tokens": (GAUGE, "Positions allocated by the target's KV caches, running "

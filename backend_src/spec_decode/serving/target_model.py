@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from ..engine.calibration import measure_score_cost, save_calibration
 from ..engine.model_loading import load_cached_lm, load_tokenizer, resolve_model_path
 from ..engine.scorer import Scores, TargetScorer
 from ..processors import TokenLogprobs, logprob_arrays
@@ -87,7 +88,24 @@ class TargetBackend(BatchedBackend):
         self.model_path = path
         self.scorer = TargetScorer(self.lm, self.settings.logprobs_mode)  # grammar matchers: at the first guide
         self._exported_prefix_stats = (0, 0, 0)  # prefix_stats as last exported (queries, hits, reused tokens)
+        if self.settings.calibrate_at_load:
+            self._calibrate()
         self._refresh_gauges()
+
+    def _calibrate(self) -> None:
+        """Time the forward over 1..17 new positions for generate's auto controller and export the curve
+        (:mod:`~spec_decode.engine.calibration`); a failure is logged and the load goes on (auto then learns the
+        costs from round times alone)."""
+        try:
+            curve = measure_score_cost(self.scorer, self.lm.vocab_size)
+            path = save_calibration(curve)
+        except Exception as e:  # noqa: BLE001 - the calibration is an optimisation, never a reason to fail the load
+            logger.warning("target_model: no calibration for speculative_method=auto (%s)", e)
+            return
+        for n, seconds in curve.items():
+            self.metrics.set("spec_decode_target_calibration_seconds", seconds, positions=str(n))
+        logger.info("target_model: forward seconds by new positions %s (%s)",
+                    {n: round(s, 4) for n, s in curve.items()}, path)
 
     def _aux_layers(self, path, draft_params: dict[str, str] | None) -> tuple[int, ...]:
         """The layers of ``aux_hidden_state_layers`` (``auto``: those the EAGLE-3 heads of draft_model's

@@ -142,6 +142,8 @@ CLIENT: dict[str, Tensor] = _table(
     Tensor("prompt_token_ranks", "INT32", (-1,)),
     Tensor("prompt_top_log_probs", "FP32", (-1, -1)),
     Tensor("prompt_top_log_prob_ids", "INT32", (-1, -1)),
+    Tensor("auto_methods", "STRING", (-1,)),  # speculative_method=auto: the method of each step
+    Tensor("auto_num_draft_tokens", "INT32", (-1,)),  # and its k
     Tensor("num_input_tokens", "UINT32", (1,)),  # the prompt's tokens
     Tensor("num_output_tokens", "UINT32", (1,)),  # the tokens of this response (a stream's sum to the completion's)
 )
@@ -196,7 +198,7 @@ _GENERATE = ModelWire(
                   "prompt_logprobs beam_width num_return_sequences n return_num_input_tokens return_num_output_tokens"),
     _pick(CLIENT, "text_output output_ids output_log_probs cum_log_probs num_steps num_draft_tokens_total "
                   "num_accepted_tokens num_emitted_tokens finish_reason " + _LOGPROBS_OUT +
-                  " num_input_tokens num_output_tokens"))
+                  " num_input_tokens num_output_tokens auto_methods auto_num_draft_tokens"))
 
 MODELS: dict[str, ModelWire] = {
     GENERATE: _GENERATE,

@@ -1,0 +1,374 @@
+"""``speculative_method=auto``: per sequence and per step, the proposer and k that maximise the round's goodput.
+
+Speculation pays only when the tokens it adds are worth more than the positions it makes the target score. The rule
+(docs/auto.md) is the goodput rule of SmartSpec (Liu et al. 2024, "Optimizing Speculative Decoding for Serving Large
+Language Models Using Goodput", arXiv:2406.14066): choose the draft lengths that maximise the expected tokens a
+round emits per second of round time. With a per-token acceptance rate alpha, a step that drafts k tokens emits
+``(1 - alpha**(k+1)) / (1 - alpha)`` tokens in expectation (Leviathan et al. 2023, "Fast Inference from Transformers
+via Speculative Decoding", eq. 1), and the round costs ``c(P)`` seconds for the P positions it scores.
+
+Three parts, no I/O (the ``generate`` model and :func:`spec_decode.in_process.run_local` feed them):
+
+- :class:`AcceptanceStats`: each sequence's acceptance per proposer, as decayed Bernoulli counts, with a prior from
+  the server's recent acceptance of that proposer (what a sequence that has not tried it starts from), and probes
+  with exponential backoff of a proposer the rule left;
+- :class:`RoundCost`: the round's cost as a function of the sequences in it and the positions it scores, from a
+  calibration of the target at load (:mod:`spec_decode.engine.calibration`) anchored to the round times measured
+  since, plus what each model proposer adds to a round it drafts in;
+- :class:`AutoController`: plans a round (every ``auto`` row's method and k at once, so that at high load the round
+  speculates less) and learns from its results.
+
+Exactness: the controller changes only which drafts the target scores; its choices depend on the acceptance of
+earlier steps (functions of the committed tokens) and on round times, never on the tokens a step samples, so greedy
+output stays the target's own and rejection sampling keeps the target's distribution.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+from .protocol import AUTO, NO_SPECULATION, StepInputs, StepResult
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Expected tokens emitted by a step that drafts ``k`` tokens, each accepted with probability ``alpha`` given
+    the previous ones were (Leviathan et al. 2023, eq. 1): ``(1 - alpha**(k+1)) / (1 - alpha)``; k + 1 at alpha 1.
+
+    Raises:
+        ValueError: alpha outside [0, 1] or k < 0.
+    """
+    if not 0.0 <= alpha <= 1.0 or k < 0:
+        raise ValueError(f"alpha must be in [0, 1] and k >= 0, got {alpha}, {k}")
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def step_trials(drafted: int, accepted: int) -> tuple[int, int]:
+    """(successes, trials) of one verified step for a per-token acceptance estimate: the drafts are tried in order
+    until the first rejection, so ``accepted`` successes and one failure unless every draft was accepted.
+
+    Raises:
+        ValueError: accepted outside [0, drafted].
+    """
+    if not 0 <= accepted <= drafted:
+        raise ValueError(f"accepted must be in [0, drafted={drafted}], got {accepted}")
+    return accepted, accepted + (1 if accepted < drafted else 0)
+
+
+@dataclass
+class AcceptanceStats:
+    """Decayed per-token acceptance counts (successes, trials) of one proposer for one sequence or for the server.
+
+    Every :meth:`decay` multiplies both counts by a factor, so recent steps weigh most.
+    """
+
+    successes: float = 0.0
+    trials: float = 0.0
+
+    def add(self, successes: int, trials: int) -> None:
+        """Count one step's (successes, trials) (:func:`step_trials`)."""
+        self.successes += successes
+        self.trials += trials
+
+    def decay(self, factor: float) -> None:
+        """Multiply both counts by ``factor`` (in (0, 1])."""
+        self.successes *= factor
+        self.trials *= factor
+
+    def mean(self) -> float:
+        """The Laplace estimate (successes + 1) / (trials + 2): 1/2 with no evidence."""
+        return (self.successes + 1.0) / (self.trials + 2.0)
+
+
+class RoundCost:
+    """The seconds a round costs as a function of its sequences S and the positions P it scores.
+
+    Measured rounds (:meth:`observe`) are kept per (S, P) as exponential moving averages. A prediction for an
+    (S, P) not measured is, between two measured P of the same S, their linear interpolation; otherwise the
+    nearest measured point scaled by the target's calibration curve (seconds of one sequence scoring n new
+    positions, measured by target_model at load: :mod:`spec_decode.engine.calibration`), or by nothing (flat: the
+    point is then tried and measured) without a calibration. Before any round is measured, the calibration curve
+    itself. A model proposer (the draft LM, a head) adds its own seconds to a round it drafts in, learned as the
+    measured round time above the prediction.
+
+    Args:
+        weight: the moving averages' weight of a new measurement, in (0, 1].
+        calibration: positions -> seconds of one sequence's target forward, or None.
+
+    Raises:
+        ValueError: weight outside (0, 1], or a calibration with a position < 1 or a time <= 0.
+    """
+
+    def __init__(self, weight: float = 0.2, calibration: dict[int, float] | None = None):
+        if not 0.0 < weight <= 1.0:
+            raise ValueError(f"weight must be in (0, 1], got {weight}")
+        self.weight = weight
+        self.points: dict[tuple[int, int], float] = {}  # (sequences, positions) -> seconds
+        self.extra: dict[str, float] = {}  # model proposer -> seconds it adds to a round
+        self._cal_p: list[int] = []
+        self._cal_s: list[float] = []
+        if calibration:
+            self.calibrate(calibration)
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether a calibration curve is set."""
+        return bool(self._cal_p)
+
+    def calibrate(self, seconds_by_positions: dict[int, float]) -> None:
+        """Set the calibration curve (positions -> seconds of one sequence; at least one point).
+
+        Raises:
+            ValueError: no point, a position < 1 or a time <= 0.
+        """
+        items = sorted((int(p), float(s)) for p, s in seconds_by_positions.items())
+        if not items or items[0][0] < 1 or any(s <= 0 for _, s in items):
+            raise ValueError(f"calibration needs positions >= 1 and times > 0, got {seconds_by_positions}")
+        self._cal_p = [p for p, _ in items]
+        self._cal_s = [s for _, s in items]
+
+    def shape(self, positions: int) -> float:
+        """The calibration curve at ``positions``: linear between its points, extended with its last slope (never
+        decreasing) past the largest and flat below the smallest; 1.0 without a calibration."""
+        ps, ss = self._cal_p, self._cal_s
+        if not ps:
+            return 1.0
+        if positions <= ps[0]:
+            return ss[0]
+        i = bisect_left(ps, positions)
+        if i < len(ps):
+            if ps[i] == positions:
+                return ss[i]
+            p0, p1, s0, s1 = ps[i - 1], ps[i], ss[i - 1], ss[i]
+        elif len(ps) >= 2:
+            p0, p1, s0, s1 = ps[-2], ps[-1], ss[-2], ss[-1]
+        else:
+            return ss[0]
+        slope = max(0.0, (s1 - s0) / (p1 - p0))
+        return s0 + slope * (positions - p0)
+
+    def predict(self, sequences: int, positions: int, methods: Collection[str] = ()) -> float:
+        """Predicted seconds of a round of ``sequences`` scoring ``positions`` with the model proposers ``methods``
+        drafting in it (see the class docstring)."""
+        base = self._base(sequences, positions)
+        return base + sum(self.extra.get(m, 0.0) for m in methods)
+
+    def _base(self, sequences: int, positions: int) -> float:
+        exact = self.points.get((sequences, positions))
+        if exact is not None:
+            return exact
+        same = sorted(p for s, p in self.points if s == sequences)
+        below = [p for p in same if p < positions]
+        above = [p for p in same if p > positions]
+        if below and above:
+            p0, p1 = below[-1], above[0]
+            t0, t1 = self.points[(sequences, p0)], self.points[(sequences, p1)]
+            return t0 + (t1 - t0) * (positions - p0) / (p1 - p0)
+        if not self.points:
+            return self.shape(positions)
+        s_near, p_near = min(self.points, key=lambda sp: (abs(sp[0] - sequences), abs(sp[1] - positions)))
+        return self.points[(s_near, p_near)] * self.shape(positions) / self.shape(p_near)
+
+    def observe(self, sequences: int, positions: int, seconds: float, methods: Collection[str] = ()) -> None:
+        """Learn from a measured round (no prompt prefilled in it): its time, less the model proposers' share,
+        updates the (sequences, positions) average; the rest above the prediction updates each proposer's share
+        (split evenly when several drafted)."""
+        if sequences < 1 or positions < sequences or not seconds > 0:
+            return
+        w = self.weight
+        if methods:
+            residual = max(0.0, seconds - self._base(sequences, positions)) / len(methods)
+            for m in methods:
+                old = self.extra.get(m)
+                self.extra[m] = residual if old is None else (1 - w) * old + w * residual
+        base = max(seconds - sum(self.extra.get(m, 0.0) for m in methods), 1e-9)
+        old = self.points.get((sequences, positions))
+        self.points[(sequences, positions)] = base if old is None else (1 - w) * old + w * base
+
+
+@dataclass
+class _Row:
+    """One auto row being planned: its cap, choice and expected tokens."""
+
+    index: int
+    seq_id: int
+    cap: int
+    method: str | None = None
+    k: int = 0
+    gain: float = 1.0  # expected tokens of its step so far
+    alphas: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Sequence:
+    """What the controller knows of one sequence: its steps, acceptance per method, and when to probe each."""
+
+    steps: int = 0
+    stats: dict[str, AcceptanceStats] = field(default_factory=dict)
+    probe_due: dict[str, int] = field(default_factory=dict)  # method -> the step from which a probe may run
+    backoff: dict[str, int] = field(default_factory=dict)  # method -> steps to the next probe after a failed one
+
+
+class AutoController:
+    """Chooses the proposer and k of every ``auto`` row of a round, and learns from the round.
+
+    Args:
+        methods: the single proposers it may choose (served; ``none`` is always possible: k = 0).
+        model_methods: those of ``methods`` that run a model (the draft LM, the heads): a round where one drafts
+            pays its seconds (:class:`RoundCost`).
+        hidden_state_methods: those of ``methods`` that draft from the target's hidden states: an auto row asks for
+            them every step, so such a proposer can be chosen at the next.
+        decay: the factor by which a sequence's counts of a method fade at each step that method drafts, in (0, 1]
+            (0.9: the last ~10 such steps weigh most, so the estimate follows a change of text, and ten rejections
+            outweigh a prior of one trial).
+        prior_weight: how many trials the server's recent acceptance of a method counts as for a sequence (>= 0).
+        server_decay: the same factor for the server's counts of a method, at each step any sequence drafts with it.
+        max_backoff: the most steps between two probes of a method the rule left (>= 1; see :meth:`plan`).
+        cost: the round cost model (default: uncalibrated).
+
+    Raises:
+        ValueError: a factor outside (0, 1], a negative prior_weight, max_backoff < 1, or a model or hidden-state
+            method not in methods.
+    """
+
+    def __init__(self, methods: Sequence[str], model_methods: Collection[str] = (),
+                 hidden_state_methods: Collection[str] = (), decay: float = 0.9, prior_weight: float = 1.0,
+                 server_decay: float = 0.99, max_backoff: int = 32, cost: RoundCost | None = None):
+        if not (0.0 < decay <= 1.0 and 0.0 < server_decay <= 1.0) or prior_weight < 0 or max_backoff < 1:
+            raise ValueError(f"decay and server_decay must be in (0, 1], prior_weight >= 0, max_backoff >= 1; got "
+                             f"{decay}, {server_decay}, {prior_weight}, {max_backoff}")
+        self.methods = tuple(m for m in methods if m not in (NO_SPECULATION, AUTO))
+        if not set(model_methods) <= set(self.methods) or not set(hidden_state_methods) <= set(self.methods):
+            raise ValueError(f"model and hidden-state methods must be among {self.methods}")
+        self.model_methods = frozenset(model_methods)
+        self.hidden_state_methods = frozenset(hidden_state_methods)
+        self.decay, self.server_decay = decay, server_decay
+        self.prior_weight = prior_weight
+        self.max_backoff = max_backoff
+        self.cost = cost or RoundCost()
+        self.server: dict[str, AcceptanceStats] = {m: AcceptanceStats() for m in self.methods}
+        self.sequences: dict[int, _Sequence] = {}
+
+    def alpha(self, seq_id: int, method: str) -> float:
+        """The per-token acceptance estimate of ``method`` for ``seq_id``: its decayed counts, with the server's
+        recent mean (:meth:`AcceptanceStats.mean`) as a prior worth ``prior_weight`` trials."""
+        seq = self.sequences.get(seq_id)
+        mine = seq.stats.get(method) if seq is not None else None
+        prior = self.server[method].mean()
+        w = self.prior_weight
+        if mine is None or mine.trials + w <= 0:
+            return prior
+        return (mine.successes + w * prior) / (mine.trials + w)
+
+    def plan(self, inps: list[StepInputs]) -> None:
+        """Choose, in place, the method and k of each auto row of a round (``inp.auto``; its ``num_draft_tokens``
+        is its cap); the other rows are fixed and only counted in the round's cost.
+
+        Greedy on the round's goodput (expected tokens / predicted seconds), as SmartSpec's batch-level choice: from
+        every auto row at k = 0, repeatedly take the move that raises the goodput most, where a row without a
+        method may take any (method, k) up to its cap and a row with one may add one draft token; stop when no
+        move raises it. A row left at k = 0 runs without speculation, unless a method is due a probe: one draft
+        token of it, so that a method given up is found again when the text turns its way. After a probe (or any
+        step of the method) with nothing accepted, the next probe waits twice as many steps as the last (up to
+        ``max_backoff``); one accepted token brings it back to the next step.
+        """
+        rows = [_Row(i, inp.seq_id, inp.num_draft_tokens) for i, inp in enumerate(inps) if inp.auto]
+        if not rows:
+            return
+        fixed_methods = {inp.method for inp in inps if not inp.auto and inp.drafts and inp.method in
+                         self.model_methods}
+        positions = sum(1 + (0 if inp.auto else inp.num_draft_tokens if inp.drafts else 0) for inp in inps)
+        sequences = len(inps)
+        used = set(fixed_methods)
+        tokens = float(len(inps))
+        memo: dict[tuple[int, frozenset], float] = {}
+
+        def cost(p: int, ms: set[str]) -> float:
+            key = (p, frozenset(ms))
+            if key not in memo:
+                memo[key] = self.cost.predict(sequences, p, key[1])
+            return memo[key]
+
+        for r in rows:
+            r.alphas = {m: self.alpha(r.seq_id, m) for m in self.methods}
+        current = tokens / cost(positions, used)
+        while True:
+            best: tuple[float, _Row, str, int, float] | None = None
+            for r in rows:
+                if r.k >= r.cap:
+                    continue
+                for m in ((r.method,) if r.method else self.methods):
+                    a = r.alphas[m]
+                    ms = used | {m} if m in self.model_methods else used
+                    for k in range(r.k + 1, (r.k + 2) if r.method else (r.cap + 1)):
+                        gain = expected_tokens(a, k) - r.gain
+                        rate = (tokens + gain) / cost(positions + k - r.k, ms)
+                        if best is None or rate > best[0]:
+                            best = (rate, r, m, k, gain)
+            if best is None or best[0] <= current:
+                break
+            current, r, m, k, gain = best
+            positions += k - r.k
+            tokens += gain
+            r.method, r.k, r.gain = m, k, r.gain + gain
+            if m in self.model_methods:
+                used.add(m)
+        for r in rows:
+            if r.k == 0 and r.cap > 0:
+                seq = self.sequences.get(r.seq_id)
+                due = [m for m in self.methods if seq is not None and seq.probe_due.get(m, seq.steps + 1) <= seq.steps]
+                if due:  # a probe of the most promising method given up on
+                    r.method, r.k = max(due, key=lambda m: r.alphas[m]), 1
+            inp = inps[r.index]
+            inp.method = r.method if r.k > 0 and r.method else NO_SPECULATION
+            inp.num_draft_tokens = r.k if inp.method != NO_SPECULATION else 0
+            inp.keep_hidden_states = bool(self.hidden_state_methods)
+
+    def observe(self, inps: Sequence[StepInputs], results: Sequence[StepResult | BaseException],
+                seconds: float) -> None:
+        """Learn from a finished round: each auto row's acceptance (its sequence's and the server's counts of the
+        method it ran, and the method's probe schedule), and the round's time when no prompt was prefilled in it
+        (:meth:`RoundCost.observe`)."""
+        prefill = False
+        positions = 0
+        methods: set[str] = set()
+        for inp, res in zip(inps, results):
+            if isinstance(res, BaseException):
+                prefill = True  # a failed row: its time says nothing
+                continue
+            if res.prefilled is not None or inp.cached_len < len(inp.token_ids) - 1:
+                prefill = True
+            positions += 1 + (res.num_draft_tokens if res.prefilled is None else 0)
+            if res.num_draft_tokens and inp.method in self.model_methods:
+                methods.add(inp.method)
+            if inp.auto and res.prefilled is None:
+                self._learn(inp, res)
+        if not prefill and inps:
+            self.cost.observe(len(inps), positions, seconds, methods)
+
+    def _learn(self, inp: StepInputs, res: StepResult) -> None:
+        """One committed auto step: the counts of the method it drafted with, and that method's probe schedule."""
+        seq = self.sequences.setdefault(inp.seq_id, _Sequence())
+        seq.steps += 1
+        m = inp.method
+        if not res.num_draft_tokens or m not in self.server:
+            return
+        succ, trials = step_trials(res.num_draft_tokens, min(len(res.output_ids) - 1, res.num_draft_tokens))
+        mine = seq.stats.setdefault(m, AcceptanceStats())
+        mine.decay(self.decay)
+        mine.add(succ, trials)
+        self.server[m].decay(self.server_decay)
+        self.server[m].add(succ, trials)
+        back = 1 if succ else min(2 * seq.backoff.get(m, 1), self.max_backoff)
+        seq.backoff[m] = back
+        seq.probe_due[m] = seq.steps + back
+
+    def release(self, seq_id: int) -> None:
+        """Forget a finished sequence."""
+        self.sequences.pop(seq_id, None)
+
+
+__all__ = ["AUTO", "AcceptanceStats", "AutoController", "RoundCost", "expected_tokens", "step_trials"]

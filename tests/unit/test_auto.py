@@ -1,0 +1,202 @@
+"""spec_decode.auto: the goodput rule's arithmetic on recorded acceptance and cost traces, and auto in process."""
+
+import pytest
+import torch
+
+from spec_decode.auto import AcceptanceStats, AutoController, RoundCost, _Sequence, expected_tokens, step_trials
+from spec_decode.engine.calibration import load_calibration, measure_score_cost, save_calibration
+from spec_decode.engine.kv_cache import CachedCausalLM
+from spec_decode.engine.scorer import TargetScorer
+from spec_decode.generation import Generation
+from spec_decode.in_process import LocalStep, run_local
+from spec_decode.proposers import DraftModelProposer, Proposal, Proposer
+from spec_decode.protocol import AUTO, StepInputs, StepResult
+from spec_decode.request import GenerationRequest
+from spec_decode.sampling import SamplingParams
+
+# bench.forward_cost on the 2-core CPU (docs/benchmarks.md): scoring 2, 3, 5, 9 positions costs 1.13, 1.26, 1.69,
+# 2.13x one position (a 45 ms forward)
+CPU_CURVE = {1: 0.045, 2: 0.045 * 1.13, 3: 0.045 * 1.26, 5: 0.045 * 1.69, 9: 0.045 * 2.13}
+
+
+class FixedCost(RoundCost):
+    """The calibration curve alone: measured round times are ignored (deterministic choices in tests)."""
+
+    def observe(self, sequences, positions, seconds, methods=()):
+        pass
+
+
+def test_expected_tokens_is_leviathans_formula():
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens(0.8, 3) == pytest.approx((1 - 0.8 ** 4) / 0.2)
+    with pytest.raises(ValueError):
+        expected_tokens(1.5, 2)
+
+
+def test_a_step_counts_its_accepted_drafts_and_the_first_rejection():
+    assert step_trials(4, 4) == (4, 4)  # all accepted: no failure seen
+    assert step_trials(4, 1) == (1, 2)
+    assert step_trials(3, 0) == (0, 1)
+    with pytest.raises(ValueError):
+        step_trials(2, 3)
+
+
+def test_acceptance_counts_decay_towards_a_half():
+    s = AcceptanceStats()
+    assert s.mean() == 0.5
+    s.add(0, 10)
+    assert s.mean() == pytest.approx(1 / 12)
+    for _ in range(100):
+        s.decay(0.9)
+    assert s.mean() == pytest.approx(0.5, abs=1e-3)  # evidence faded: back to the Laplace prior
+
+
+def test_the_cost_model_interpolates_measurements_and_scales_by_the_calibration():
+    cost = RoundCost(weight=1.0, calibration=CPU_CURVE)
+    assert cost.predict(1, 5) == pytest.approx(CPU_CURVE[5])  # nothing measured: the calibration itself
+    assert cost.predict(1, 4) == pytest.approx((CPU_CURVE[3] + CPU_CURVE[5]) / 2)
+    assert cost.predict(1, 17) == pytest.approx(CPU_CURVE[9] + 8 * (CPU_CURVE[9] - CPU_CURVE[5]) / 4)
+    cost.observe(1, 1, 0.090)  # the server is twice as slow as the calibration: anchored to the measurement
+    assert cost.predict(1, 5) == pytest.approx(0.090 * 1.69)
+    cost.observe(1, 5, 0.150)
+    assert cost.predict(1, 3) == pytest.approx(0.090 + (0.150 - 0.090) / 2)  # between two measured points
+    cost.observe(1, 3, 0.200, methods=("draft",))  # a model proposer's round: its share is the excess
+    assert cost.extra["draft"] == pytest.approx(0.200 - 0.120)
+    assert cost.predict(1, 3, ("draft",)) == pytest.approx(0.200)
+
+
+def _inputs(seq_id, cap=4):
+    return StepInputs(seq_id, [1, 2, 3], cap, AUTO, SamplingParams(), 0, cached_len=2, auto=True)
+
+
+def _play(ctrl, seq_id, accept_fn, steps, cap=4):
+    """Run ``steps`` planned steps of one sequence; ``accept_fn(step, k) -> accepted``. Returns the choices."""
+    choices = []
+    for t in range(steps):
+        inp = _inputs(seq_id, cap)
+        ctrl.plan([inp])
+        choices.append((inp.method, inp.num_draft_tokens))
+        k = inp.num_draft_tokens
+        acc = accept_fn(t, k) if k else 0
+        ctrl.observe([inp], [StepResult(list(range(acc + 1)), k)], 0.05)
+    return choices
+
+
+def test_high_acceptance_drafts_the_cap_and_no_acceptance_drafts_nothing():
+    ctrl = AutoController(["ngram", "suffix"], cost=FixedCost(calibration=CPU_CURVE))
+    good = _play(ctrl, 1, lambda t, k: k, 30)  # every draft accepted
+    assert good[-1][1] == 4 and good[-1][0] in ("ngram", "suffix")
+    bad = _play(ctrl, 2, lambda t, k: 0, 30)  # nothing ever accepted
+    assert bad[-10:].count(("none", 0)) >= 8
+
+
+def test_the_choice_leaves_a_proposer_whose_drafts_are_rejected_and_returns_once_they_are_accepted():
+    """A recorded trace: drafts always rejected for 60 steps, then always accepted."""
+    ctrl = AutoController(["garbage"], cost=FixedCost(calibration=CPU_CURVE))
+    choices = _play(ctrl, 1, lambda t, k: 0 if t < 60 else k, 120)
+    assert choices[0][0] == "garbage"  # tried first (nothing known: the prior is a half)
+    rejected = choices[20:60]
+    assert sum(m == "none" for m, _ in rejected) >= 0.8 * len(rejected)  # it stopped speculating...
+    assert any(m == "garbage" for m, _ in rejected)  # ...but kept probing, cheaply (k = 1)
+    assert all(k <= 1 for m, k in rejected if m == "garbage")
+    assert choices[-20:] == [("garbage", 4)] * 20  # back to full speculation once drafts are accepted
+
+
+def test_the_rule_speculates_less_when_the_round_is_full():
+    """Same acceptance (0.6 per token), two cost models: at one sequence scoring a few more positions is nearly
+    free; with 8 sequences the round is compute-bound (cost grows with every position), so auto drafts less."""
+    def drafted(sequences: int, curve: dict) -> float:
+        ctrl = AutoController(["ngram"], cost=FixedCost(calibration=curve))
+        for s in range(sequences):  # a history of 0.6 per token for every sequence
+            ctrl.sequences[s] = _Sequence(stats={"ngram": AcceptanceStats(60, 100)})
+        inps = [_inputs(s) for s in range(sequences)]
+        ctrl.plan(inps)
+        return sum(i.num_draft_tokens for i in inps) / sequences
+
+    alone = drafted(1, CPU_CURVE)
+    linear = {p: 0.045 * (1 + 0.9 * (p - 1) / 8) for p in (1, 8, 16, 40)}  # 8 rows ~ 1.8x one: compute-bound
+    full = drafted(8, linear)
+    assert alone >= 2 and full < alone
+
+
+def test_a_model_proposer_is_chosen_only_when_its_acceptance_pays_for_its_own_cost():
+    cost = FixedCost(calibration=CPU_CURVE)
+    cost.extra["draft"] = 0.045  # the draft LM costs a whole target forward per round
+    ctrl = AutoController(["ngram", "draft"], model_methods=["draft"], cost=cost)
+    ctrl.sequences[1] = _Sequence(stats={"draft": AcceptanceStats(95, 100), "ngram": AcceptanceStats(5, 100)})
+    ctrl.sequences[2] = _Sequence(stats={"draft": AcceptanceStats(30, 100), "ngram": AcceptanceStats(5, 100)})
+    a, b = _inputs(1), _inputs(2)
+    ctrl.plan([a])
+    ctrl.plan([b])
+    assert (a.method, a.num_draft_tokens) == ("draft", 4)
+    assert b.method == "none"  # 0.3 per token does not pay for a second forward
+
+
+def test_calibration_measures_the_forward_and_round_trips_through_its_file(tiny_lm, tmp_path):
+    scorer = TargetScorer(CachedCausalLM(tiny_lm))
+    curve = measure_score_cost(scorer, tiny_lm.config.vocab_size, positions=(1, 3), repeats=1)
+    assert set(curve) == {1, 3} and all(s > 0 for s in curve.values())
+    assert len(scorer.lm) == 0  # the scratch sequence was released
+    path = save_calibration(curve, tmp_path / "c.json")
+    assert load_calibration(path) == curve
+    path.write_text("{not json")
+    assert load_calibration(path) is None
+
+
+class Flaky(Proposer):
+    """Drafts the target's own greedy continuation, shifted by one token id (always rejected) while the sequence is
+    shorter than ``switch_at`` tokens, then unshifted (always accepted)."""
+
+    name = "flaky"
+
+    def __init__(self, lm, switch_at: int):
+        self.inner = DraftModelProposer(CachedCausalLM(lm))
+        self.vocab = lm.config.vocab_size
+        self.switch_at = switch_at
+
+    def propose(self, requests):
+        out = []
+        for r, p in zip(requests, self.inner.propose(requests)):
+            ids = p.draft_token_ids
+            out.append(Proposal.of(((ids + 1) % self.vocab if len(r.token_ids) < self.switch_at else ids).tolist()))
+        return out
+
+    def release(self, seq_id, final_token_ids=None):
+        self.inner.release(seq_id, final_token_ids)
+
+
+def test_auto_in_process_equals_plain_greedy_and_moves_to_none_and_back(tiny_lm, real_tokenizer):
+    """The whole loop with a real (tiny) target: a proposer that drafts garbage for the first 40 tokens and the
+    target's own tokens after: auto stops speculating, then speculates fully; the output is plain greedy's."""
+    prompt = [5, 17, 3]
+    with torch.inference_mode():
+        ref = tiny_lm.generate(torch.tensor([prompt]), max_new_tokens=90, do_sample=False, eos_token_id=None,
+                               pad_token_id=0)[0, 3:].tolist()
+    step = LocalStep({"flaky": Flaky(tiny_lm, switch_at=43)}, TargetScorer(CachedCausalLM(tiny_lm)))
+    ctrl = AutoController(["flaky"], cost=FixedCost(calibration=CPU_CURVE))
+    gen = Generation(7, prompt, GenerationRequest("x", 90, speculative_method=AUTO), real_tokenizer, [], 256, 0)
+    run_local(gen, step, controller=ctrl)
+    assert gen.output_ids == ref
+    s = gen.stats
+    assert len(s.step_methods) == len(s.step_draft_tokens) == s.steps
+    early = s.step_methods[:30]
+    assert early[0] == "flaky" and early.count("none") >= 20  # tried, then given up on but for a few probes
+    back = len(s.step_methods) - s.step_methods[::-1].index("none")  # the steps after the last plain one
+    ks = s.step_draft_tokens[back:]
+    assert set(s.step_methods[back:]) == {"flaky"} and ks == sorted(ks) and ks[-1] == 4  # back, up to the cap
+    assert s.accepted_tokens > 0 and ctrl.sequences == {}  # released
+    with pytest.raises(ValueError, match="AutoController"):
+        run_local(Generation(8, prompt, GenerationRequest("x", 4, speculative_method=AUTO), real_tokenizer, [],
+                             256, 0), step)
+
+
+def test_the_calibration_curve_never_decreases_and_a_stale_file_is_ignored(tmp_path):
+    from spec_decode.engine.calibration import lower_envelope
+
+    assert lower_envelope({1: 0.08, 2: 0.11, 3: 0.16, 5: 0.10, 9: 0.12}) == {1: 0.08, 2: 0.10, 3: 0.10, 5: 0.10,
+                                                                          9: 0.12}
+    path = save_calibration({1: 0.05}, tmp_path / "c.json")
+    assert load_calibration(path, not_before=0) == {1: 0.05}
+    assert load_calibration(path, not_before=path.stat().st_mtime + 1) is None
