@@ -32,7 +32,8 @@ class GenerationResult:
             num_emitted_tokens, finish_reason, cum_log_probs), the per-token outputs joined over the responses
             (output_log_probs, output_token_ranks: one value per output id; top_log_probs, top_log_prob_ids: a list of
             N per output id) and the prompt's (prompt_log_probs, prompt_token_ranks, prompt_top_log_probs,
-            prompt_top_log_prob_ids), when the request asked for them.
+            prompt_top_log_prob_ids), when the request asked for them; with ``speculative_method=auto``,
+            auto_methods and auto_num_draft_tokens (its choice at each step).
     """
 
     text: str = ""
@@ -169,6 +170,9 @@ def stream_generate(url: str, prompt: str, max_tokens: int, on_text=None, timeou
                 for name in _PROMPT:
                     if name in names:
                         result.stats[name] = res.as_numpy(name).tolist()
+                if "auto_methods" in names:  # speculative_method=auto: its choice at each step
+                    result.stats["auto_methods"] = [m.decode() for m in res.as_numpy("auto_methods").reshape(-1)]
+                    result.stats["auto_num_draft_tokens"] = res.as_numpy("auto_num_draft_tokens").reshape(-1).tolist()
             if final:
                 result.total_s = t - t0
                 return result

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 from .protocol import AUTO, NO_SPECULATION, StepInputs, StepResult
 
+DRAFT_HOP = "draft_model"  # the cost of a round going through draft_model at all (RoundCost.extra's key)
+
 
 def expected_tokens(alpha: float, k: int) -> float:
     """Expected tokens emitted by a step that drafts ``k`` tokens, each accepted with probability ``alpha`` given
@@ -91,8 +93,9 @@ class RoundCost:
     nearest measured point scaled by the target's calibration curve (seconds of one sequence scoring n new
     positions, measured by target_model at load: :mod:`spec_decode.engine.calibration`), or by nothing (flat: the
     point is then tried and measured) without a calibration. Before any round is measured, the calibration curve
-    itself. A model proposer (the draft LM, a head) adds its own seconds to a round it drafts in, learned as the
-    measured round time above the prediction.
+    itself. A model proposer (the draft LM, a head) adds its own seconds to a round it drafts in, and a round that
+    goes through draft_model at all the hop's (:data:`DRAFT_HOP`; rounds without drafts skip it), each learned as
+    the measured round time above the prediction. ``positions`` may be fractional (an expected count).
 
     Args:
         weight: the moving averages' weight of a new measurement, in (0, 1].
@@ -130,7 +133,7 @@ class RoundCost:
         self._cal_p = [p for p, _ in items]
         self._cal_s = [s for _, s in items]
 
-    def shape(self, positions: int) -> float:
+    def shape(self, positions: float) -> float:
         """The calibration curve at ``positions``: linear between its points, extended with its last slope (never
         decreasing) past the largest and flat below the smallest; 1.0 without a calibration."""
         ps, ss = self._cal_p, self._cal_s
@@ -150,14 +153,14 @@ class RoundCost:
         slope = max(0.0, (s1 - s0) / (p1 - p0))
         return s0 + slope * (positions - p0)
 
-    def predict(self, sequences: int, positions: int, methods: Collection[str] = ()) -> float:
+    def predict(self, sequences: int, positions: float, methods: Collection[str] = ()) -> float:
         """Predicted seconds of a round of ``sequences`` scoring ``positions`` with the model proposers ``methods``
         drafting in it (see the class docstring)."""
         base = self._base(sequences, positions)
         return base + sum(self.extra.get(m, 0.0) for m in methods)
 
-    def _base(self, sequences: int, positions: int) -> float:
-        exact = self.points.get((sequences, positions))
+    def _base(self, sequences: int, positions: float) -> float:
+        exact = self.points.get((sequences, int(positions))) if positions == int(positions) else None
         if exact is not None:
             return exact
         same = sorted(p for s, p in self.points if s == sequences)
@@ -199,7 +202,8 @@ class _Row:
     method: str | None = None
     k: int = 0
     gain: float = 1.0  # expected tokens of its step so far
-    alphas: dict[str, float] = field(default_factory=dict)
+    alphas: dict[str, float] = field(default_factory=dict)  # method -> per-token acceptance estimate
+    offers: dict[str, float] = field(default_factory=dict)  # method -> estimated chance that it drafts at all
 
 
 @dataclass
@@ -207,7 +211,8 @@ class _Sequence:
     """What the controller knows of one sequence: its steps, acceptance per method, and when to probe each."""
 
     steps: int = 0
-    stats: dict[str, AcceptanceStats] = field(default_factory=dict)
+    stats: dict[str, AcceptanceStats] = field(default_factory=dict)  # per drafted token
+    offers: dict[str, AcceptanceStats] = field(default_factory=dict)  # steps it drafted in / steps it was asked
     probe_due: dict[str, int] = field(default_factory=dict)  # method -> the step from which a probe may run
     backoff: dict[str, int] = field(default_factory=dict)  # method -> steps to the next probe after a failed one
 
@@ -250,6 +255,7 @@ class AutoController:
         self.max_backoff = max_backoff
         self.cost = cost or RoundCost()
         self.server: dict[str, AcceptanceStats] = {m: AcceptanceStats() for m in self.methods}
+        self.server_offers: dict[str, AcceptanceStats] = {m: AcceptanceStats() for m in self.methods}
         self.sequences: dict[int, _Sequence] = {}
 
     def alpha(self, seq_id: int, method: str) -> float:
@@ -263,6 +269,17 @@ class AutoController:
             return prior
         return (mine.successes + w * prior) / (mine.trials + w)
 
+    def offer_rate(self, seq_id: int, method: str) -> float:
+        """The chance that ``method`` drafts anything when asked, for ``seq_id`` (suffix decoding and n-gram lookup
+        draft only on a match): estimated as :meth:`alpha`, from the steps it was asked for drafts."""
+        seq = self.sequences.get(seq_id)
+        mine = seq.offers.get(method) if seq is not None else None
+        prior = self.server_offers[method].mean()
+        w = self.prior_weight
+        if mine is None or mine.trials + w <= 0:
+            return prior
+        return (mine.successes + w * prior) / (mine.trials + w)
+
     def plan(self, inps: list[StepInputs]) -> None:
         """Choose, in place, the method and k of each auto row of a round (``inp.auto``; its ``num_draft_tokens``
         is its cap); the other rows are fixed and only counted in the round's cost.
@@ -270,23 +287,27 @@ class AutoController:
         Greedy on the round's goodput (expected tokens / predicted seconds), as SmartSpec's batch-level choice: from
         every auto row at k = 0, repeatedly take the move that raises the goodput most, where a row without a
         method may take any (method, k) up to its cap and a row with one may add one draft token; stop when no
-        move raises it. A row left at k = 0 runs without speculation, unless a method is due a probe: one draft
-        token of it, so that a method given up is found again when the text turns its way. After a probe (or any
-        step of the method) with nothing accepted, the next probe waits twice as many steps as the last (up to
-        ``max_backoff``); one accepted token brings it back to the next step.
+        move raises it. A method that drafts only on a match (suffix decoding, n-gram lookup) counts with the
+        chance that it drafts at all (:meth:`offer_rate`): q * (expected_tokens - 1) more tokens for q * k more
+        positions, in expectation; the first drafting row of a round adds the draft_model hop's seconds.
+
+        A row left at k = 0 runs without speculation, unless a method is due a probe: one draft token of it, so
+        that a method given up (or never tried: the server's history may hold it low) is found again when the text
+        turns its way. A method is due from a sequence's first step; after a step of it that accepted nothing or
+        drafted nothing, the next probe waits twice as many steps as the last (up to ``max_backoff``); one
+        accepted token brings it back to the next step.
         """
         rows = [_Row(i, inp.seq_id, inp.num_draft_tokens) for i, inp in enumerate(inps) if inp.auto]
         if not rows:
             return
-        fixed_methods = {inp.method for inp in inps if not inp.auto and inp.drafts and inp.method in
-                         self.model_methods}
-        positions = sum(1 + (0 if inp.auto else inp.num_draft_tokens if inp.drafts else 0) for inp in inps)
+        fixed = [inp for inp in inps if not inp.auto and inp.drafts]
+        used = {inp.method for inp in fixed if inp.method in self.model_methods} | ({DRAFT_HOP} if fixed else set())
+        positions = float(len(inps) + sum(inp.num_draft_tokens for inp in fixed))
         sequences = len(inps)
-        used = set(fixed_methods)
         tokens = float(len(inps))
-        memo: dict[tuple[int, frozenset], float] = {}
+        memo: dict[tuple[float, frozenset], float] = {}
 
-        def cost(p: int, ms: set[str]) -> float:
+        def cost(p: float, ms: set[str]) -> float:
             key = (p, frozenset(ms))
             if key not in memo:
                 memo[key] = self.cost.predict(sequences, p, key[1])
@@ -294,32 +315,35 @@ class AutoController:
 
         for r in rows:
             r.alphas = {m: self.alpha(r.seq_id, m) for m in self.methods}
+            r.offers = {m: self.offer_rate(r.seq_id, m) for m in self.methods}
         current = tokens / cost(positions, used)
         while True:
-            best: tuple[float, _Row, str, int, float] | None = None
+            best: tuple[float, _Row, str, int, float, float] | None = None
             for r in rows:
                 if r.k >= r.cap:
                     continue
                 for m in ((r.method,) if r.method else self.methods):
-                    a = r.alphas[m]
-                    ms = used | {m} if m in self.model_methods else used
+                    a, q = r.alphas[m], r.offers[m]
+                    ms = used | {DRAFT_HOP, m} if m in self.model_methods else used | {DRAFT_HOP}
                     for k in range(r.k + 1, (r.k + 2) if r.method else (r.cap + 1)):
-                        gain = expected_tokens(a, k) - r.gain
-                        rate = (tokens + gain) / cost(positions + k - r.k, ms)
+                        # a proposer drafts only when it has something (q); then k positions more, expected_tokens
+                        gain = q * (expected_tokens(a, k) - 1.0) - (r.gain - 1.0)
+                        more = q * k - q * r.k
+                        rate = (tokens + gain) / cost(positions + more, ms)
                         if best is None or rate > best[0]:
-                            best = (rate, r, m, k, gain)
+                            best = (rate, r, m, k, gain, more)
             if best is None or best[0] <= current:
                 break
-            current, r, m, k, gain = best
-            positions += k - r.k
+            current, r, m, k, gain, more = best
+            positions += more
             tokens += gain
             r.method, r.k, r.gain = m, k, r.gain + gain
-            if m in self.model_methods:
-                used.add(m)
+            used |= {DRAFT_HOP, m} if m in self.model_methods else {DRAFT_HOP}
         for r in rows:
             if r.k == 0 and r.cap > 0:
                 seq = self.sequences.get(r.seq_id)
-                due = [m for m in self.methods if seq is not None and seq.probe_due.get(m, seq.steps + 1) <= seq.steps]
+                steps = seq.steps if seq is not None else 0
+                due = [m for m in self.methods if (seq.probe_due.get(m, 0) if seq is not None else 0) <= steps]
                 if due:  # a probe of the most promising method given up on
                     r.method, r.k = max(due, key=lambda m: r.alphas[m]), 1
             inp = inps[r.index]
@@ -342,6 +366,8 @@ class AutoController:
             if res.prefilled is not None or inp.cached_len < len(inp.token_ids) - 1:
                 prefill = True
             positions += 1 + (res.num_draft_tokens if res.prefilled is None else 0)
+            if inp.drafts:  # the round went through draft_model
+                methods.add(DRAFT_HOP)
             if res.num_draft_tokens and inp.method in self.model_methods:
                 methods.add(inp.method)
             if inp.auto and res.prefilled is None:
@@ -354,7 +380,17 @@ class AutoController:
         seq = self.sequences.setdefault(inp.seq_id, _Sequence())
         seq.steps += 1
         m = inp.method
-        if not res.num_draft_tokens or m not in self.server:
+        if not inp.drafts or m not in self.server:
+            return
+        offered = seq.offers.setdefault(m, AcceptanceStats())
+        offered.decay(self.decay)
+        offered.add(1 if res.num_draft_tokens else 0, 1)
+        self.server_offers[m].decay(self.server_decay)
+        self.server_offers[m].add(1 if res.num_draft_tokens else 0, 1)
+        if not res.num_draft_tokens:  # nothing to say this step: asked again later, as after a rejection
+            back = min(2 * seq.backoff.get(m, 1), self.max_backoff)
+            seq.backoff[m] = back
+            seq.probe_due[m] = seq.steps + back
             return
         succ, trials = step_trials(res.num_draft_tokens, min(len(res.output_ids) - 1, res.num_draft_tokens))
         mine = seq.stats.setdefault(m, AcceptanceStats())

@@ -18,7 +18,7 @@ def test_the_server_offers_every_registered_method(server):
     (tests/conftest.py ``server``): every method is served, as the tests below assume."""
     from spec_decode.launcher import served_methods
 
-    assert served_methods(server.repository) == ", ".join(METHODS)
+    assert served_methods(server.repository) == ", ".join((*METHODS, "auto"))
 
 
 @pytest.mark.parametrize("method", METHODS)  # every registered proposer (the session's server serves them all)

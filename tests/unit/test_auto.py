@@ -126,7 +126,8 @@ def test_a_model_proposer_is_chosen_only_when_its_acceptance_pays_for_its_own_co
     cost.extra["draft"] = 0.045  # the draft LM costs a whole target forward per round
     ctrl = AutoController(["ngram", "draft"], model_methods=["draft"], cost=cost)
     ctrl.sequences[1] = _Sequence(stats={"draft": AcceptanceStats(95, 100), "ngram": AcceptanceStats(5, 100)})
-    ctrl.sequences[2] = _Sequence(stats={"draft": AcceptanceStats(30, 100), "ngram": AcceptanceStats(5, 100)})
+    ctrl.sequences[2] = _Sequence(stats={"draft": AcceptanceStats(30, 100), "ngram": AcceptanceStats(5, 100)},
+                                  probe_due={"draft": 9, "ngram": 9})  # no probe due yet
     a, b = _inputs(1), _inputs(2)
     ctrl.plan([a])
     ctrl.plan([b])
@@ -200,3 +201,33 @@ def test_the_calibration_curve_never_decreases_and_a_stale_file_is_ignored(tmp_p
     path = save_calibration({1: 0.05}, tmp_path / "c.json")
     assert load_calibration(path, not_before=0) == {1: 0.05}
     assert load_calibration(path, not_before=path.stat().st_mtime + 1) is None
+
+
+def test_a_new_sequence_probes_a_method_the_server_holds_low():
+    ctrl = AutoController(["suffix"], cost=FixedCost(calibration=CPU_CURVE))
+    ctrl.server["suffix"] = AcceptanceStats(0, 200)  # the server's recent history: nothing accepted
+    choices = _play(ctrl, 1, lambda t, k: k, 12)
+    assert choices[0] == ("suffix", 1) and choices[-1] == ("suffix", 4)
+
+
+def test_a_proposer_that_rarely_drafts_is_weighed_by_how_often_it_does():
+    """Suffix decoding drafts only on a match: with every draft accepted when it drafts, auto still asks it for the
+    cap (a step without a match costs only the draft_model hop); its probes back off while it has nothing."""
+    cost = FixedCost(calibration=CPU_CURVE)
+    cost.extra["draft_model"] = 0.002
+    ctrl = AutoController(["suffix"], cost=cost)
+    offered = []
+
+    def accept(t, k):
+        return k
+
+    choices = []
+    for t in range(40):  # a match every fourth step
+        inp = _inputs(1)
+        ctrl.plan([inp])
+        choices.append((inp.method, inp.num_draft_tokens))
+        drafted = inp.num_draft_tokens if t % 4 == 0 else 0
+        offered.append(drafted)
+        ctrl.observe([inp], [StepResult(list(range(accept(t, drafted) + 1)), drafted)], 0.05)
+    assert 0.2 < ctrl.offer_rate(1, "suffix") < 0.45
+    assert choices[-1] == ("suffix", 4)

@@ -64,12 +64,14 @@ def draft_overrides(draft_model_path: str) -> dict[str, dict[str, str]]:
 def served_methods(repo: Path) -> str:
     """The ``speculative_method`` values that repository ``repo`` offers its clients, for the launcher's banner.
 
-    Computed as generate computes them, from draft_model's and generate's config parameters.
+    Computed as generate computes them, from draft_model's and generate's config parameters (``auto`` last: it
+    chooses among the others).
 
     Returns:
         The methods, comma-separated; ``?`` when the configs cannot be read, ``? (<why>)`` when they are invalid.
     """
     from ..proposers import offered_methods
+    from ..protocol import AUTO
     from ..serving.adapter import sibling_parameters
 
     own = {"model_repository": str(repo / "generate")}
@@ -78,7 +80,7 @@ def served_methods(repo: Path) -> str:
         return "?"
     forced = gen.get("draft_model_available", "auto")
     try:
-        return ", ".join(offered_methods(draft, None if forced == "auto" else forced == "true"))
+        return ", ".join((*offered_methods(draft, None if forced == "auto" else forced == "true"), AUTO))
     except ValueError as e:
         return f"? ({e})"
 

@@ -26,11 +26,11 @@ def test_the_banner_names_the_methods_and_heads_the_repository_offers(tiny_heads
 
     with_draft = prepare_repository({**draft_overrides("default"), "draft_model": {"draft_model_path": "default",
                                                                                    "speculator_path": ""}})
-    assert served_methods(with_draft) == "none, draft, ngram, suffix, hybrid"
+    assert served_methods(with_draft) == "none, draft, ngram, suffix, hybrid, auto"
     assert served_speculators(with_draft) == ""
     heads = prepare_repository({"draft_model": {"speculator_path": f"{tiny_heads['eagle3']},{tiny_heads['eagle']}",
                                                 "draft_model_path": ""}})
-    assert served_methods(heads) == "none, ngram, suffix, eagle, eagle3, hybrid"
+    assert served_methods(heads) == "none, ngram, suffix, eagle, eagle3, hybrid, auto"
     lines = served_speculators(heads).splitlines()
     assert [line.split() for line in lines] == [["eagle3", str(tiny_heads["eagle3"])],
                                                 ["eagle", str(tiny_heads["eagle"])]]
@@ -38,7 +38,7 @@ def test_the_banner_names_the_methods_and_heads_the_repository_offers(tiny_heads
     empty.mkdir()
     (empty / "config.json").write_text("{}")  # no layout: not offered, and the banner says why
     bad = prepare_repository({"draft_model": {"speculator_path": str(empty), "draft_model_path": ""}})
-    assert served_methods(bad) == "none, ngram, suffix, hybrid"
+    assert served_methods(bad) == "none, ngram, suffix, hybrid, auto"
     assert "speculators: ?" in served_speculators(bad) and "architectures" in served_speculators(bad)
     assert served_methods(tmp_path) == "?"
 
