@@ -1,15 +1,17 @@
 """``make bench``: a repeated workload through the real server, beside in-process transformers, and the speed goals.
 
-In one run, for each speculative_method in ``proposers.registry.METHODS``: start a fresh tritonserver on free
-ports (empty caches, so no method profits from another's responses), stream N held-out HumanEval prompts (0..N-1,
-greedy, up to M new tokens, stopping at EOS as users do) twice: the second pass can hit suffix decoding's global cache
-of earlier responses. On the ``none`` server, also: the same prompts at concurrency 8, and the per-step time of each
-stage (from Triton's per-model ``nv_inference_*`` and our ``spec_decode_*_seconds_total`` metrics). After every server
+In one run, for each speculative_method in ``proposers.registry.METHODS`` and ``auto``: start a fresh tritonserver
+on free ports (empty caches, so no method profits from another's responses), stream N held-out HumanEval prompts
+(0..N-1, greedy, up to M new tokens, stopping at EOS as users do) twice: the second pass can hit suffix decoding's
+global cache of earlier responses; then HumanEval prompts 20..39 at concurrency 8 (other prompts than the passes',
+whose answers suffix decoding now holds), and the per-step time of each stage on pass 1 (from Triton's per-model
+``nv_inference_*`` and our ``spec_decode_*_seconds_total`` metrics). After every server
 has stopped, transformers ``generate(do_sample=False)`` and its prompt lookup (``prompt_lookup_num_tokens=k``) run on
 the same prompts in this process. Prints a table, the stages and the goals (the default method >= 2.0x ``none`` and
 >= 1.0x in-process prompt lookup; no method below 0.95x ``none`` on any prompt; ``none`` at concurrency 8 >= 3x
-concurrency 1; ``none`` through the server >= 0.95x in-process ``generate``), saves JSON and a PNG plot (tokens/s and
-mean tokens per step per method and pass). Ratios are measured in the same run (the machine is shared and noisy).
+concurrency 1; ``none`` through the server >= 0.95x in-process ``generate``; ``auto``'s goals, :func:`auto_goals`,
+with its per-prompt table), saves JSON and a PNG plot (tokens/s and mean tokens per step per method and pass).
+Ratios are measured in the same run (the machine is shared and noisy).
 ``draft`` (and hybrid's fallback) needs a draft LM: ``--draft-model`` / ``DRAFT_MODEL``; without one, draft is skipped
 and hybrid falls back to n-gram lookup. By default the distilled draft of ``make draft`` is used when it exists.
 """
@@ -51,7 +53,9 @@ def bench_server(url: str, prompts: list[str], max_tokens: int, method: str, k: 
         for _, _, ids in r.responses:  # stream=true: one response per step
             if ids:
                 hist[len(ids)] = hist.get(len(ids), 0) + 1
-        per_prompt.append({"tokens": len(r.output_ids), "seconds": r.total_s, "steps": r.stats["num_steps"]})
+        chosen = {m: r.stats.get("auto_methods", []).count(m) for m in dict.fromkeys(r.stats.get("auto_methods", []))}
+        per_prompt.append({"tokens": len(r.output_ids), "seconds": r.total_s, "steps": r.stats["num_steps"]}
+                          | ({"auto_methods": chosen} if chosen else {}))
     return {
         "method": f"server:{method}", "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
         "mean_tokens_per_step": tokens / steps, "mean_accepted_per_step": accepted / steps, "steps": steps,
@@ -212,6 +216,7 @@ def goals(rows: list[dict], default_method: str) -> list[dict]:
             best = max(singles, key=lambda r: r["tokens_per_s"])
             out.append({"goal": f"hybrid (suffix + eagle3) >= the best single method ({best['method']})",
                         "value": hybrid["tokens_per_s"] / best["tokens_per_s"], "target": 1.0})
+    out += auto_goals(rows, get)
     draft = get("server:draft", **{"pass": 1})
     if draft is not None and draft.get("acceptance_rate") is not None:
         out.append({"goal": "draft LM acceptance rate >= 0.4", "value": draft["acceptance_rate"], "target": 0.4})
@@ -225,6 +230,65 @@ def goals(rows: list[dict], default_method: str) -> list[dict]:
     for g in out:
         g["reached"] = g["value"] <= g["target"] if g.get("lower_is_better") else g["value"] >= g["target"]
     return out
+
+
+SINGLE_EXCLUDED = ("server:none", "server:hybrid", "server:auto")  # not single proposers
+
+
+def auto_goals(rows: list[dict], get) -> list[dict]:
+    """speculative_method=auto's goals (docs/auto.md): >= 0.98x none on every prompt and >= the best single
+    method's mean tokens/s (pass 1); >= 0.95x suffix on the second pass; at the largest concurrency, >= 1.0x none
+    and >= every single method."""
+    auto, none = get("server:auto", **{"pass": 1}), get("server:none", **{"pass": 1})
+    if auto is None or none is None:
+        return []
+    out = []
+    ratios = [(a["tokens"] / a["seconds"]) / (b["tokens"] / b["seconds"])
+              for a, b in zip(auto["per_prompt"], none["per_prompt"])]
+    worst = min(range(len(ratios)), key=ratios.__getitem__)
+    out.append({"goal": "auto >= 0.98x none on every prompt", "value": ratios[worst], "target": 0.98,
+                "worst": f"prompt {worst}"})
+    singles = [r for r in rows if r["method"].startswith("server:") and r.get("pass") == 1
+               and r.get("concurrency", 1) == 1 and r["method"] not in SINGLE_EXCLUDED]
+    if singles:
+        best = max(singles, key=lambda r: r["tokens_per_s"])
+        out.append({"goal": f"auto >= the best single method ({best['method']}), mean tokens/s", "value":
+                    auto["tokens_per_s"] / best["tokens_per_s"], "target": 1.0})
+    a2, s2 = get("server:auto", **{"pass": 2}), get("server:suffix", **{"pass": 2})
+    if a2 is not None and s2 is not None:
+        out.append({"goal": "auto >= 0.95x suffix on the repeated workload's second pass",
+                    "value": a2["tokens_per_s"] / s2["tokens_per_s"], "target": 0.95})
+    conc = [r for r in rows if r.get("concurrency", 1) > 1]
+    top = max((r["concurrency"] for r in conc), default=0)
+    at = {r["method"]: r for r in conc if r["concurrency"] == top}
+    if "server:auto" in at and "server:none" in at:
+        out.append({"goal": f"auto at concurrency {top} >= 1.0x none", "value":
+                    at["server:auto"]["tokens_per_s"] / at["server:none"]["tokens_per_s"], "target": 1.0})
+        others = [r for m, r in at.items() if m not in SINGLE_EXCLUDED]
+        if others:
+            best = max(others, key=lambda r: r["tokens_per_s"])
+            out.append({"goal": f"auto at concurrency {top} >= every single method ({best['method']} best)",
+                        "value": at["server:auto"]["tokens_per_s"] / best["tokens_per_s"], "target": 1.0})
+    return out
+
+
+def auto_table(rows: list[dict]) -> list[str]:
+    """Per prompt (pass 1): tokens/s of none, the best single method (by mean) and auto, auto's ratios, and the
+    methods auto chose (steps each)."""
+    get = {r["method"]: r for r in rows if r.get("pass") == 1 and r.get("concurrency", 1) == 1}
+    auto, none = get.get("server:auto"), get.get("server:none")
+    if auto is None or none is None:
+        return []
+    singles = [r for m, r in get.items() if m.startswith("server:") and m not in SINGLE_EXCLUDED]
+    best = max(singles, key=lambda r: r["tokens_per_s"]) if singles else None
+    name = best["method"].split(":", 1)[1] if best else "-"
+    lines = [f"{'prompt':>6}{'none':>8}{name:>9}{'auto':>8}{'/none':>7}{'/' + name:>9}  auto's choices (steps)"]
+    for i, (a, n) in enumerate(zip(auto["per_prompt"], none["per_prompt"])):
+        ta, tn = a["tokens"] / a["seconds"], n["tokens"] / n["seconds"]
+        tb = best["per_prompt"][i]["tokens"] / best["per_prompt"][i]["seconds"] if best else float("nan")
+        chosen = " ".join(f"{m} {c}" for m, c in sorted(a.get("auto_methods", {}).items(), key=lambda x: -x[1]))
+        lines.append(f"{i:>6}{tn:>8.1f}{tb:>9.1f}{ta:>8.1f}{ta / tn:>7.2f}{ta / tb:>9.2f}  {chosen}")
+    return lines
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:
@@ -273,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=20, help="held-out HumanEval prompts 0..N-1 (default 20)")
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--methods", default=",".join(METHODS),
+    ap.add_argument("--methods", default=",".join((*METHODS, "auto")),
                     help="methods, a fresh server each (default: every registered one, %(default)s; draft and eagle3 "
                          "only when built, the other heads (eagle, medusa, mlp_speculator, arctic) only when "
                          "draft_model.speculator_path names one (--set); hybrid falls back to the EAGLE-3 head when "
@@ -283,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-model", default=os.environ.get("DRAFT_MODEL", ""),
                     help="draft LM folder for speculative_method=draft and hybrid's fallback (default: $DRAFT_MODEL, "
                          "else the distilled default draft when `make draft` has built it)")
-    ap.add_argument("--concurrency", type=int, default=8, help="concurrent streams of the none server's extra run")
+    ap.add_argument("--concurrency", type=int, default=8,
+                    help="concurrent streams of each server's last run, over HumanEval prompts 20..39 (0: none)")
     ap.add_argument("--default-method", default=GenerateSettings.default_speculative_method,
                     help="the repository's default_speculative_method (default: the shipped one)")
     ap.add_argument("--output", type=Path, default=Path("results/bench.json"))
@@ -301,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         settings.setdefault(model, {})[param] = value
 
     prompts = humaneval_prompts(args.prompts)
+    concurrent_prompts = humaneval_prompts(40)[20:40]  # HumanEval 20..39, for the concurrency runs
     methods = args.methods.split(",")
     if not args.draft_model and not args.url:
         from spec_decode.proposers.draft_lm import default_draft_dir, default_draft_ready
@@ -351,10 +417,10 @@ def main(argv: list[str] | None = None) -> int:
                     row["stages_ms_per_step"] = stages(before, stage_counters(srv.metrics_url), steps,
                                                        row["seconds"] / steps)
                 rows.append(row | {"pass": p, "concurrency": 1})
-            if m == "none" and args.concurrency > 1:
-                print(f"speculative_method=none at concurrency {args.concurrency} ...", flush=True)
-                rows.append(bench_concurrent(srv.grpc_url, prompts, args.max_tokens, m, args.num_draft_tokens,
-                                             args.concurrency))
+            if args.concurrency > 1:  # other prompts than the passes' (whose answers suffix decoding now holds)
+                print(f"speculative_method={m} at concurrency {args.concurrency} ...", flush=True)
+                rows.append(bench_concurrent(srv.grpc_url, concurrent_prompts, args.max_tokens, m,
+                                             args.num_draft_tokens, args.concurrency))
     print("benchmarking in-process transformers generate and prompt lookup (servers stopped) ...", flush=True)
     rows += bench_transformers(prompts, args.max_tokens, args.num_draft_tokens)
 
@@ -385,6 +451,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{r['method']}, pass 1: ms per step by stage")
             for name, ms in r["stages_ms_per_step"].items():
                 print(f"  {name:<28}{ms:>8.2f}")
+    table = auto_table(rows)
+    if table:
+        print("\nauto per prompt (pass 1, tokens/s):")
+        print("\n".join(table))
     result_goals = goals(rows, args.default_method)
     print("\ngoals (pass 1, fresh caches):")
     for g in result_goals:

@@ -97,3 +97,38 @@ def test_make_bench_goals_use_pass_one_per_prompt_ratios_and_concurrency():
     assert st["client step"] == pytest.approx(50) and st["ensemble (spec_step, score_step)"] == pytest.approx(45)
     assert st["generate + gRPC"] == pytest.approx(5) and st["target_model execute"] == pytest.approx(40)
     assert st["target forward (scorer)"] == pytest.approx(38) and st["verifier (sampler)"] == pytest.approx(1)
+
+
+def test_make_bench_auto_goals_and_per_prompt_table():
+    """client/bench.py's auto goals: worst per-prompt ratio to none, the best single method's mean, suffix's
+    second pass, and the concurrency run against none and every single method (hybrid is not single)."""
+    from client.bench import auto_goals, auto_table
+    from client.bench import goals as bench_goals
+
+    pp = lambda *secs: [{"tokens": 10, "seconds": s, "steps": 5} for s in secs]  # noqa: E731
+    rows = [
+        {"method": "server:none", "pass": 1, "concurrency": 1, "tokens_per_s": 10.0, "per_prompt": pp(1, 1)},
+        {"method": "server:ngram", "pass": 1, "concurrency": 1, "tokens_per_s": 14.0, "per_prompt": pp(0.7, 0.8)},
+        {"method": "server:suffix", "pass": 1, "concurrency": 1, "tokens_per_s": 16.0, "per_prompt": pp(0.5, 1.2)},
+        {"method": "server:hybrid", "pass": 1, "concurrency": 1, "tokens_per_s": 30.0, "per_prompt": pp(0.3, 0.4)},
+        {"method": "server:auto", "pass": 1, "concurrency": 1, "tokens_per_s": 17.0,
+         "per_prompt": [{"tokens": 10, "seconds": 0.5, "steps": 3, "auto_methods": {"suffix": 2, "none": 1}},
+                        {"tokens": 10, "seconds": 1.0, "steps": 10, "auto_methods": {"none": 10}}]},
+        {"method": "server:suffix", "pass": 2, "concurrency": 1, "tokens_per_s": 40.0, "per_prompt": pp(0.2, 0.3)},
+        {"method": "server:auto", "pass": 2, "concurrency": 1, "tokens_per_s": 36.0, "per_prompt": pp(0.2, 0.3)},
+        {"method": "server:none", "concurrency": 8, "tokens_per_s": 30.0},
+        {"method": "server:suffix", "concurrency": 8, "tokens_per_s": 33.0},
+        {"method": "server:auto", "concurrency": 8, "tokens_per_s": 32.0},
+    ]
+    get = lambda method, **kw: next((r for r in rows if r["method"] == method  # noqa: E731
+                                     and all(r.get(a) == b for a, b in kw.items())), None)
+    g = {x["goal"].split(" (")[0].split(",")[0]: x for x in auto_goals(rows, get)}
+    assert g["auto >= 0.98x none on every prompt"]["value"] == pytest.approx(1.0)
+    assert g["auto >= the best single method"]["value"] == pytest.approx(17 / 16)  # suffix, not hybrid
+    assert g["auto >= 0.95x suffix on the repeated workload's second pass"]["value"] == pytest.approx(0.9)
+    assert g["auto at concurrency 8 >= 1.0x none"]["value"] == pytest.approx(32 / 30)
+    assert g["auto at concurrency 8 >= every single method"]["value"] == pytest.approx(32 / 33)
+    assert {x["goal"] for x in auto_goals(rows, get)} <= {x["goal"] for x in bench_goals(rows, "suffix")}
+    table = auto_table(rows)
+    assert "suffix" in table[0] and table[1].split()[:4] == ["0", "10.0", "20.0", "20.0"]
+    assert table[1].endswith("suffix 2 none 1") and table[2].endswith("none 10")
