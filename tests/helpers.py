@@ -118,3 +118,41 @@ def assert_batched_as_alone(proposer, reqs: list) -> list:
         assert t.draft_token_ids.tolist() == alone.draft_token_ids.tolist()
         torch.testing.assert_close(t.draft_probs, alone.draft_probs)
     return together[:-1]
+
+
+def peaked_lm(seed: int, scale: float, vocab: int):
+    """A tiny random Llama over ``vocab`` tokens whose LM head is scaled up by ``scale``, so its distributions are
+    peaked (a processor's effect, or a sampler's bias, on them is large)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      tie_word_embeddings=False)
+    lm = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        lm.lm_head.weight *= scale
+    return lm
+
+
+class UniformDrafts:
+    """A proposer (subclass it with :class:`~spec_decode.proposers.Proposer` first, and set ``vocab``) that drafts
+    each token from q = uniform over the vocabulary, seeded by the request's seed and step, so rejection sampling
+    sees real draft probabilities."""
+
+    name = "uniform"
+    vocab = 0
+
+    def propose(self, requests):
+        import torch
+
+        from spec_decode.proposers import Proposal
+        from spec_decode.sampling import generator_for
+
+        out = []
+        for r in requests:
+            g = generator_for(r.params.seed, r.step, 99)
+            drafts = torch.randint(self.vocab, (r.k,), generator=g)
+            out.append(Proposal(drafts, torch.full((r.k, self.vocab), 1 / self.vocab)))
+        return out

@@ -1,5 +1,6 @@
 """spec_decode.auto: the goodput rule's arithmetic on recorded acceptance and cost traces, and auto in process."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -231,3 +232,51 @@ def test_a_proposer_that_rarely_drafts_is_weighed_by_how_often_it_does():
         ctrl.observe([inp], [StepResult(list(range(accept(t, drafted) + 1)), drafted)], 0.05)
     assert 0.2 < ctrl.offer_rate(1, "suffix") < 0.45
     assert choices[-1] == ("suffix", 4)
+
+
+def test_auto_sampled_output_keeps_the_target_law(real_tokenizer):
+    """Temperature 1 with auto choosing among another small LM, a uniform draft and none, one controller across
+    all requests (its choices move with the history): the joint law of the first three output tokens is the
+    target's (chi-square over 1,500 seeds)."""
+    from scipy.stats import chisquare
+
+    from tests.helpers import UniformDrafts, peaked_lm
+
+    v, prompt = 8, [5, 7, 3]
+
+    class Uniform(UniformDrafts, Proposer):
+        vocab = v
+
+    lm = peaked_lm(0, 4.0, v)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # thousands of tiny forwards
+    try:
+        with torch.inference_mode():
+            def law(ids):
+                return torch.softmax(lm(torch.tensor([ids])).logits[0, -1].double(), -1).numpy()
+
+            joint = np.zeros((v, v, v))
+            p1 = law(prompt)
+            for a in range(v):
+                p2 = law(prompt + [a])
+                for b in range(v):
+                    joint[a, b] = p1[a] * p2[b] * law(prompt + [a, b])
+        step = LocalStep({"draft": DraftModelProposer(CachedCausalLM(peaked_lm(1, 2.0, v))), "uniform": Uniform()},
+                         TargetScorer(CachedCausalLM(lm)))
+        ctrl = AutoController(["draft", "uniform"], cost=FixedCost(calibration=CPU_CURVE))
+        n, seen, chosen = 1500, [], set()
+        for s in range(n):
+            req = GenerationRequest("x", 3, temperature=1.0, random_seed=s, speculative_method=AUTO,
+                                    num_draft_tokens=2)
+            gen = Generation(100 + s, prompt, req, real_tokenizer, [], 64, s)
+            run_local(gen, step, controller=ctrl)
+            seen.append((gen.output_ids[0] * v + gen.output_ids[1]) * v + gen.output_ids[2])
+            chosen |= set(gen.stats.step_methods)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(chosen) >= 2  # the choice moved
+    counts = np.bincount(seen, minlength=v ** 3)
+    expected = joint.reshape(-1) * n
+    big = expected >= 5
+    observed, expected = np.append(counts[big], counts[~big].sum()), np.append(expected[big], expected[~big].sum())
+    assert chisquare(observed, expected * observed.sum() / expected.sum()).pvalue > 1e-3

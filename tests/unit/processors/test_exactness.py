@@ -17,39 +17,21 @@ from spec_decode.in_process import LocalStep, run_local
 from spec_decode.processors import ProcessorSpec, process_logits
 from spec_decode.proposers import DraftModelProposer, Proposal, Proposer
 from spec_decode.request import GenerationRequest
-from spec_decode.sampling import generator_for
+from tests.helpers import UniformDrafts, peaked_lm
 
 V = 12  # a vocabulary small enough that the law test can check the joint law of three tokens
 PROMPT = [5, 7, 3, 9, 7]
 
 
 def _peaked_lm(seed: int, scale: float):
-    """A tiny random Llama over V tokens whose LM head is scaled up, so its distributions are peaked (a processor's
-    effect on them is large)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False)
-    lm = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        lm.lm_head.weight *= scale
-    return lm
+    """A tiny random Llama over V tokens with peaked distributions (a processor's effect on them is large)."""
+    return peaked_lm(seed, scale, V)
 
 
-class UniformProposer(Proposer):
-    """Drafts each token from q = uniform over the vocabulary (so rejection sampling sees real draft probabilities,
-    forbidden tokens included)."""
+class UniformProposer(UniformDrafts, Proposer):
+    """Drafts each token from q = uniform over the vocabulary (forbidden tokens included)."""
 
-    name = "uniform"
-
-    def propose(self, requests):
-        out = []
-        for r in requests:
-            g = generator_for(r.params.seed, r.step, 99)
-            drafts = torch.randint(V, (r.k,), generator=g)
-            out.append(Proposal(drafts, torch.full((r.k, V), 1 / V)))
-        return out
+    vocab = V
 
 
 class CopyProposer(Proposer):
