@@ -123,20 +123,25 @@ class AutoController:
             outweigh a prior of one trial).
         prior_weight: how many trials the server's recent acceptance of a method counts as for a sequence (>= 0).
         server_decay: the same factor for the server's counts of a method, at each step any sequence drafts with it.
-        max_backoff: the most steps between two probes of a method the rule left (>= 1; see :meth:`plan`).
+        max_backoff: the most steps between two probes of a method whose drafts were rejected (>= 1; see
+            :meth:`plan`).
+        max_idle_backoff: the most steps between two probes of a method that drafted nothing (no match yet; >= 1):
+            such a probe costs only the draft_model hop, and a match may come at any step.
         cost: the round cost model (default: uncalibrated).
 
     Raises:
-        ValueError: a factor outside (0, 1], a negative prior_weight, max_backoff < 1, or a model or hidden-state
+        ValueError: a factor outside (0, 1], a negative prior_weight, a backoff < 1, or a model or hidden-state
             method not in methods.
     """
 
     def __init__(self, methods: Sequence[str], model_methods: Collection[str] = (),
                  hidden_state_methods: Collection[str] = (), decay: float = 0.9, prior_weight: float = 1.0,
-                 server_decay: float = 0.99, max_backoff: int = 32, cost: RoundCost | None = None):
-        if not (0.0 < decay <= 1.0 and 0.0 < server_decay <= 1.0) or prior_weight < 0 or max_backoff < 1:
-            raise ValueError(f"decay and server_decay must be in (0, 1], prior_weight >= 0, max_backoff >= 1; got "
-                             f"{decay}, {server_decay}, {prior_weight}, {max_backoff}")
+                 server_decay: float = 0.99, max_backoff: int = 32, max_idle_backoff: int = 4,
+                 cost: RoundCost | None = None):
+        if (not (0.0 < decay <= 1.0 and 0.0 < server_decay <= 1.0) or prior_weight < 0
+                or min(max_backoff, max_idle_backoff) < 1):
+            raise ValueError(f"decay and server_decay must be in (0, 1], prior_weight >= 0, backoffs >= 1; got "
+                             f"{decay}, {server_decay}, {prior_weight}, {max_backoff}, {max_idle_backoff}")
         self.methods = tuple(m for m in methods if m not in (NO_SPECULATION, AUTO))
         if not set(model_methods) <= set(self.methods) or not set(hidden_state_methods) <= set(self.methods):
             raise ValueError(f"model and hidden-state methods must be among {self.methods}")
@@ -144,7 +149,7 @@ class AutoController:
         self.hidden_state_methods = frozenset(hidden_state_methods)
         self.decay, self.server_decay = decay, server_decay
         self.prior_weight = prior_weight
-        self.max_backoff = max_backoff
+        self.max_backoff, self.max_idle_backoff = max_backoff, max_idle_backoff
         self.cost = cost or RoundCost()
         self.server: dict[str, AcceptanceStats] = {m: AcceptanceStats() for m in self.methods}
         self.server_offers: dict[str, AcceptanceStats] = {m: AcceptanceStats() for m in self.methods}
@@ -182,8 +187,9 @@ class AutoController:
         A row left at k = 0 runs without speculation, unless a method is due a probe: one draft token of it, so
         that a method given up (or never tried: the server's history may hold it low) is found again when the text
         turns its way. A method is due from a sequence's first step; after a step of it that accepted nothing or
-        drafted nothing, the next probe waits twice as many steps as the last (up to ``max_backoff``); one
-        accepted token brings it back to the next step.
+        drafted nothing, the next probe waits twice as many steps as the last (up to ``max_backoff`` after a
+        rejection, ``max_idle_backoff`` after a step without drafts); one accepted token brings it back to the next
+        step.
         """
         rows = [_Row(i, inp.seq_id, inp.num_draft_tokens) for i, inp in enumerate(inps) if inp.auto]
         if not rows:
@@ -275,8 +281,8 @@ class AutoController:
         offered.add(1 if res.num_draft_tokens else 0, 1)
         self.server_offers[m].decay(self.server_decay)
         self.server_offers[m].add(1 if res.num_draft_tokens else 0, 1)
-        if not res.num_draft_tokens:  # nothing to say this step: asked again later, as after a rejection
-            back = min(2 * seq.backoff.get(m, 1), self.max_backoff)
+        if not res.num_draft_tokens:  # nothing to say this step (no match): asked again soon, a match may come
+            back = min(2 * seq.backoff.get(m, 1), self.max_idle_backoff)
             seq.backoff[m] = back
             seq.probe_due[m] = seq.steps + back
             return
