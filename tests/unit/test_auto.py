@@ -280,3 +280,20 @@ def test_auto_sampled_output_keeps_the_target_law(real_tokenizer):
     big = expected >= 5
     observed, expected = np.append(counts[big], counts[~big].sum()), np.append(expected[big], expected[~big].sum())
     assert chisquare(observed, expected * observed.sum() / expected.sum()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.2, 0.4, 0.6, 0.8, 0.95])
+def test_one_sequence_gets_the_k_that_maximises_expected_tokens_per_second(alpha):
+    """The rule against brute force on the measured CPU curve: k = argmax over 0..4 of
+    expected_tokens(alpha, k) / c(k + 1)."""
+    cost = FixedCost(calibration=CPU_CURVE)
+    ctrl = AutoController(["ngram"], cost=cost)
+    n = 1e6
+    ctrl.sequences[1] = _Sequence(stats={"ngram": AcceptanceStats(alpha * n, n)},
+                                  offers={"ngram": AcceptanceStats(n, n)}, probe_due={"ngram": 99})
+    inp = _inputs(1)
+    ctrl.plan([inp])
+    best = max(range(5), key=lambda k: expected_tokens(alpha, k) / cost.predict(1, k + 1, ("draft_model",) if k
+                                                                                 else ()))
+    assert inp.num_draft_tokens == best
+    assert (best == 0) == (alpha <= 0.1) and (best == 4) == (alpha >= 0.95)  # none at low acceptance, all at high
