@@ -116,8 +116,6 @@ class AutoController:
         methods: the single proposers it may choose (served; ``none`` is always possible: k = 0).
         model_methods: those of ``methods`` that run a model (the draft LM, the heads): a round where one drafts
             pays its seconds (:class:`RoundCost`).
-        hidden_state_methods: those of ``methods`` that draft from the target's hidden states: an auto row asks for
-            them every step, so such a proposer can be chosen at the next.
         decay: the factor by which a sequence's counts of a method fade at each step that method drafts, in (0, 1]
             (0.9: the last ~10 such steps weigh most, so the estimate follows a change of text, and ten rejections
             outweigh a prior of one trial).
@@ -130,12 +128,12 @@ class AutoController:
         cost: the round cost model (default: uncalibrated).
 
     Raises:
-        ValueError: a factor outside (0, 1], a negative prior_weight, a backoff < 1, or a model or hidden-state
-            method not in methods.
+        ValueError: a factor outside (0, 1], a negative prior_weight, a backoff < 1, or a model method not in
+            methods.
     """
 
     def __init__(self, methods: Sequence[str], model_methods: Collection[str] = (),
-                 hidden_state_methods: Collection[str] = (), decay: float = 0.9, prior_weight: float = 1.0,
+                 decay: float = 0.9, prior_weight: float = 1.0,
                  server_decay: float = 0.99, max_backoff: int = 32, max_idle_backoff: int = 4,
                  cost: RoundCost | None = None):
         if (not (0.0 < decay <= 1.0 and 0.0 < server_decay <= 1.0) or prior_weight < 0
@@ -143,10 +141,9 @@ class AutoController:
             raise ValueError(f"decay and server_decay must be in (0, 1], prior_weight >= 0, backoffs >= 1; got "
                              f"{decay}, {server_decay}, {prior_weight}, {max_backoff}, {max_idle_backoff}")
         self.methods = tuple(m for m in methods if m not in (NO_SPECULATION, AUTO))
-        if not set(model_methods) <= set(self.methods) or not set(hidden_state_methods) <= set(self.methods):
-            raise ValueError(f"model and hidden-state methods must be among {self.methods}")
+        if not set(model_methods) <= set(self.methods):
+            raise ValueError(f"model methods must be among {self.methods}")
         self.model_methods = frozenset(model_methods)
-        self.hidden_state_methods = frozenset(hidden_state_methods)
         self.decay, self.server_decay = decay, server_decay
         self.prior_weight = prior_weight
         self.max_backoff, self.max_idle_backoff = max_backoff, max_idle_backoff
@@ -184,12 +181,13 @@ class AutoController:
         chance that it drafts at all (:meth:`offer_rate`): q * (expected_tokens - 1) more tokens for q * k more
         positions, in expectation; the first drafting row of a round adds the draft_model hop's seconds.
 
-        A row left at k = 0 runs without speculation, unless a method is due a probe: one draft token of it, so
-        that a method given up (or never tried: the server's history may hold it low) is found again when the text
-        turns its way. A method is due from a sequence's first step; after a step of it that accepted nothing or
-        drafted nothing, the next probe waits twice as many steps as the last (up to ``max_backoff`` after a
-        rejection, ``max_idle_backoff`` after a step without drafts); one accepted token brings it back to the next
-        step.
+        A row left at k = 0 runs without speculation, unless a model-free method is due a probe: one draft token of
+        it, so that a method given up (or never tried: the server's history may hold it low) is found again when
+        the text turns its way. Model proposers are not probed (a probe would make the whole round pay their
+        forward): the server's acceptance of them, shared by every sequence, and their measured cost decide. A
+        method is due from a sequence's first step; after a step of it that accepted nothing or drafted nothing,
+        the next probe waits twice as many steps as the last (up to ``max_backoff`` after a rejection,
+        ``max_idle_backoff`` after a step without drafts); one accepted token brings it back to the next step.
         """
         rows = [_Row(i, inp.seq_id, inp.num_draft_tokens) for i, inp in enumerate(inps) if inp.auto]
         if not rows:
@@ -237,13 +235,13 @@ class AutoController:
             if r.k == 0 and r.cap > 0:
                 seq = self.sequences.get(r.seq_id)
                 steps = seq.steps if seq is not None else 0
-                due = [m for m in self.methods if (seq.probe_due.get(m, 0) if seq is not None else 0) <= steps]
+                due = [m for m in self.methods if m not in self.model_methods
+                       and (seq.probe_due.get(m, 0) if seq is not None else 0) <= steps]
                 if due:  # a probe of the most promising method given up on
                     r.method, r.k = max(due, key=lambda m: r.alphas[m]), 1
             inp = inps[r.index]
             inp.method = r.method if r.k > 0 and r.method else NO_SPECULATION
             inp.num_draft_tokens = r.k if inp.method != NO_SPECULATION else 0
-            inp.keep_hidden_states = bool(self.hidden_state_methods)
 
     def observe(self, inps: Sequence[StepInputs], results: Sequence[StepResult | BaseException],
                 seconds: float) -> None:

@@ -42,8 +42,6 @@ class StepInputs:
             committed token after a step): what chunked prefill budgets by (:mod:`spec_decode.chunked_prefill`).
         auto: the request asked for ``auto``: until the round's :class:`~spec_decode.auto.AutoController` plans it,
             ``method`` is ``auto`` and ``num_draft_tokens`` the cap; then they are its choice.
-        keep_hidden_states: ask the target for its hidden states even when ``method`` does not draft from them (an
-            auto row whose next step may choose a head).
     """
 
     seq_id: int
@@ -57,7 +55,6 @@ class StepInputs:
     processors: ProcessorSpec | None = None
     cached_len: int = 0
     auto: bool = False
-    keep_hidden_states: bool = False
 
     @property
     def drafts(self) -> bool:

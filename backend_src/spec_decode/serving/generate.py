@@ -120,8 +120,7 @@ class GenerateBackend:
     def _controller(served: tuple[str, ...]) -> AutoController:
         """speculative_method=auto's controller over the served single proposers (hybrid only composes them)."""
         singles = [m for m in served if m in PROPOSERS and m != "hybrid"]
-        return AutoController(singles, [m for m in singles if PROPOSERS[m].applies_processors],
-                              [m for m in singles if PROPOSERS[m].needs_hidden_states], cost=RoundCost())
+        return AutoController(singles, [m for m in singles if PROPOSERS[m].applies_processors], cost=RoundCost())
 
     def _offered_methods(self, draft_params: dict[str, str] | None) -> tuple[str, ...]:
         """The methods draft_model serves (:func:`~spec_decode.proposers.offered_methods`), checking generate's

@@ -84,8 +84,7 @@ class TritonStep:
             model, outputs = self.model_name, ["output_ids", "output_log_probs", "draft_token_ids"]
         else:
             model, outputs = self.plain_model_name, ["output_ids", "output_log_probs"]
-        # only then: a tensor less per step
-        if not release and any(needs_hidden_states(i.method) or i.keep_hidden_states for i in inps):
+        if not release and any(needs_hidden_states(i.method) for i in inps):  # only then: a tensor less per step
             outputs.append("hidden_states")
         if not release and any(i.processors is not None and i.processors.logprobs for i in inps):
             outputs += ["output_token_ranks", "top_log_probs", "top_log_prob_ids"]
