@@ -2,6 +2,7 @@
 for itself as ``draft``), through tritonclient as users do, on the real embedded model."""
 
 import threading
+import time
 
 import requests
 
@@ -33,7 +34,12 @@ def test_auto_greedy_equals_target_greedy_and_reports_its_choice_per_step(server
         steps += len(methods)
         chosen |= set(methods)
     assert chosen - {"none"}  # it speculated somewhere
-    after = _auto_steps(server.metrics_url)
+    deadline = time.monotonic() + 10  # generate exports its metrics when a request ends, after its last response
+    while True:
+        after = _auto_steps(server.metrics_url)
+        if sum(after.values()) - sum(before.values()) >= steps or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert sum(after.values()) - sum(before.values()) == steps  # a counter per chosen method, every step counted
     assert all(after[m] >= before[m] for m in SINGLES)
 
