@@ -11,7 +11,6 @@ it and two servers on one machine do not.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import statistics
 import tempfile
@@ -19,8 +18,6 @@ import time
 from pathlib import Path
 
 from ..sampling import SamplingParams
-
-logger = logging.getLogger(__name__)
 
 POSITIONS = (1, 2, 3, 5, 9, 17)  # new positions per forward: k + 1 for k = 0, 1, 2, 4, 8 and a round of several
 CONTEXT = 64  # scratch context tokens
