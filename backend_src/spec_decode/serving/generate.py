@@ -25,7 +25,7 @@ from ..engine.model_loading import load_tokenizer, resolve_model_path
 from ..generation import Chunk, Generation
 from ..processors import TokenLogprobs, logprob_arrays
 from ..proposers import PROPOSERS, DraftLMSettings, DraftModelProposer, k_schedule, offered_methods
-from ..protocol import AUTO, NO_SPECULATION, StepInputs, StepResult
+from ..protocol import AUTO, StepInputs, StepResult
 from ..schedule import speculation_disabled
 from ..settings import (
     DraftModelSettings,
@@ -289,7 +289,6 @@ class GenerateBackend:
 
     def _record_choice(self, method: str, before: tuple[int, int, int, int], after) -> None:
         """Count an auto step by the method it chose (``none``: no speculation), with its drafts and acceptances."""
-        method = method or NO_SPECULATION
         self.metrics.add("spec_decode_auto_steps_total", 1, method=method)
         self.metrics.add("spec_decode_auto_draft_tokens_total", after.draft_tokens - before[1], method=method)
         self.metrics.add("spec_decode_auto_accepted_tokens_total", after.accepted_tokens - before[2], method=method)
