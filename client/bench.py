@@ -209,11 +209,8 @@ def goals(rows: list[dict], default_method: str) -> list[dict]:
                         "lower_is_better": True})
         out.append({"goal": "eagle3 >= 1.8x none", "value": head["tokens_per_s"] / none["tokens_per_s"],
                     "target": 1.8})
-        hybrid = get("server:hybrid", **{"pass": 1})
-        singles = [r for r in rows if r["method"].startswith("server:") and r.get("pass") == 1
-                   and r.get("concurrency", 1) == 1 and r["method"] not in ("server:hybrid", "server:none")]
-        if hybrid is not None and singles:
-            best = max(singles, key=lambda r: r["tokens_per_s"])
+        hybrid, best = get("server:hybrid", **{"pass": 1}), best_single(rows)
+        if hybrid is not None and best is not None:
             out.append({"goal": f"hybrid (suffix + eagle3) >= the best single method ({best['method']})",
                         "value": hybrid["tokens_per_s"] / best["tokens_per_s"], "target": 1.0})
     out += auto_goals(rows, get)
@@ -235,6 +232,14 @@ def goals(rows: list[dict], default_method: str) -> list[dict]:
 SINGLE_EXCLUDED = ("server:none", "server:hybrid", "server:auto")  # not single proposers
 
 
+def best_single(rows: list[dict]) -> dict | None:
+    """The single proposer's server row with the most tokens/s on pass 1 at concurrency 1 (not none, hybrid or
+    auto), or None when there is none."""
+    singles = [r for r in rows if r["method"].startswith("server:") and r.get("pass") == 1
+               and r.get("concurrency", 1) == 1 and r["method"] not in SINGLE_EXCLUDED]
+    return max(singles, key=lambda r: r["tokens_per_s"]) if singles else None
+
+
 def auto_goals(rows: list[dict], get) -> list[dict]:
     """speculative_method=auto's goals (docs/auto.md): >= 0.98x none on every prompt and >= the best single
     method's mean tokens/s (pass 1); >= 0.95x suffix on the second pass; at the largest concurrency, >= 1.0x none
@@ -248,10 +253,8 @@ def auto_goals(rows: list[dict], get) -> list[dict]:
     worst = min(range(len(ratios)), key=ratios.__getitem__)
     out.append({"goal": "auto >= 0.98x none on every prompt", "value": ratios[worst], "target": 0.98,
                 "worst": f"prompt {worst}"})
-    singles = [r for r in rows if r["method"].startswith("server:") and r.get("pass") == 1
-               and r.get("concurrency", 1) == 1 and r["method"] not in SINGLE_EXCLUDED]
-    if singles:
-        best = max(singles, key=lambda r: r["tokens_per_s"])
+    best = best_single(rows)
+    if best is not None:
         out.append({"goal": f"auto >= the best single method ({best['method']}), mean tokens/s", "value":
                     auto["tokens_per_s"] / best["tokens_per_s"], "target": 1.0})
     a2, s2 = get("server:auto", **{"pass": 2}), get("server:suffix", **{"pass": 2})
@@ -279,8 +282,7 @@ def auto_table(rows: list[dict]) -> list[str]:
     auto, none = get.get("server:auto"), get.get("server:none")
     if auto is None or none is None:
         return []
-    singles = [r for m, r in get.items() if m.startswith("server:") and m not in SINGLE_EXCLUDED]
-    best = max(singles, key=lambda r: r["tokens_per_s"]) if singles else None
+    best = best_single(rows)
     name = best["method"].split(":", 1)[1] if best else "-"
     lines = [f"{'prompt':>6}{'none':>8}{name:>9}{'auto':>8}{'/none':>7}{'/' + name:>9}  auto's choices (steps)"]
     for i, (a, n) in enumerate(zip(auto["per_prompt"], none["per_prompt"])):
