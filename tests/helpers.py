@@ -156,3 +156,23 @@ class UniformDrafts:
             drafts = torch.randint(self.vocab, (r.k,), generator=g)
             out.append(Proposal(drafts, torch.full((r.k, self.vocab), 1 / self.vocab)))
         return out
+
+
+def plain_stop_cut(tokenizer, prompt_ids, ids, stop_words, min_tokens):
+    """Where a plain decoder stops ``ids`` on a stop word, token by token (vLLM's definition, written apart from
+    ``spec_decode.generation``): the first output token n >= ``min_tokens`` whose text completes an occurrence of a stop
+    word that ends past the text of tokens 1..n-1 -> (n, the text cut before that occurrence), or None (no stop).
+    Text is tokenizers' ``DecodeStream`` over the prompt then each id, as generate streams it."""
+    from tokenizers.decoders import DecodeStream
+
+    stream, text = DecodeStream(ids=list(prompt_ids), skip_special_tokens=True), ""
+    for n, t in enumerate(ids, 1):
+        before = len(text)
+        text += stream.step(tokenizer.backend_tokenizer, t) or ""
+        if n < min_tokens:
+            continue
+        hits = [i for w in stop_words for i in range(len(text) - len(w) + 1)
+                if text.startswith(w, i) and i + len(w) > before]
+        if hits:
+            return n, text[: min(hits)]
+    return None

@@ -7,9 +7,11 @@ Triton by BLS to the ``spec_step`` ensemble: :mod:`spec_decode.serving.generate`
 and ids to stream.
 
 Stops: EOS (the tokenizer's and the model's generation config), ``end_id`` or ``stop_token_ids`` (not emitted), a stop
-word (text is cut before it; the token that completed it is the last id emitted, as in vLLM; not before
-``min_tokens``), ``max_tokens`` (exactly), and ``max_model_len``. They are checked token by token, so a stop inside
-an accepted run discards the rest of the run: nothing past a stop is sent or counted.
+word (the first occurrence completed by a token at or after the ``min_tokens``-th output token; text is cut before
+it and the token that completed it is the last id emitted, as in vLLM; an occurrence completed earlier never stops
+the request), ``max_tokens`` (exactly), and ``max_model_len``. They are checked token by token, so a stop inside an
+accepted run discards the rest of the run, nothing past a stop is sent or counted, and the cut is the same however
+the steps split the token stream (every method, every k).
 """
 
 from __future__ import annotations
@@ -167,6 +169,23 @@ class Generation:
                     break
         return hold
 
+    def _stop_completed_after(self, before: int) -> int | None:
+        """Where the earliest stop word occurrence that ends past ``text[:before]`` starts (None: no such occurrence).
+
+        Only occurrences completed by the token just decoded count: one completed earlier (before ``min_tokens``, or
+        by an earlier token of the same step) never ends the request later, so the cut depends on the token stream
+        alone, not on how the steps split it (vLLM's ``StopChecker``). Such an occurrence never starts in text already
+        sent: its start lies in the held-back tail (:meth:`_held_back`).
+        """
+        stop_at = None
+        if len(self.text) == before:  # the token completed no character
+            return None
+        for w in self.request.stop_words:
+            pos = self.text.find(w, max(0, before - len(w) + 1))
+            if pos >= 0 and (stop_at is None or pos < stop_at):
+                stop_at = pos
+        return stop_at
+
     def commit(self, result: StepResult, step: StepInputs | None = None) -> Chunk:
         """Apply one step's tokens with the stop conditions; return what to stream.
 
@@ -212,13 +231,10 @@ class Generation:
             new_ids.append(tok)
             if result.log_probs is not None:
                 new_lps.append(float(result.log_probs[j]))
+            before = len(self.text)
             self.text += self._decode.step(self._tokenizer, tok) or ""
-            # no stop word before min_tokens (as vLLM); the target forbids the end ids until then
-            for w in req.stop_words if len(self.token_ids) - self.prompt_len >= req.min_tokens else ():
-                # Search only where a new match could start: near the end of the text.
-                pos = self.text.find(w, max(0, self.sent_chars - len(w)))
-                if pos >= 0 and (stop_at is None or pos < stop_at):
-                    stop_at = pos
+            if len(self.token_ids) - self.prompt_len >= req.min_tokens:
+                stop_at = self._stop_completed_after(before)
             if stop_at is not None:
                 self.finish_reason = "stop"
                 break

@@ -4,6 +4,7 @@ through the official ``openai`` client, sync and async, as users call it."""
 import asyncio
 import json
 import os
+import re
 import signal
 import time
 
@@ -140,6 +141,104 @@ def test_logprobs_equal_generates(sync_client, frontend, server, templated):
     assert len(got) == len(direct.output_ids) and all(len(x.top_logprobs) == 3 for x in got)
     assert all(x.top_logprobs[0].logprob >= x.top_logprobs[1].logprob for x in got)
     assert "".join(x.token for x in got) == r.choices[0].message.content
+
+
+FIG_PROMPT = "List: fig, fig, fig, fig,"  # the target answers " fig, fig, fig, ..."
+FIG_CHAT = [{"role": "user", "content": "Say fig, fig, fig, fig, fig."}]  # an answer with " of" twice
+EMOJI_CHAT = [{"role": "user", "content": "Write a smiley emoji and a rocket emoji."}]  # emoji split over tokens
+
+
+def _cut(model, tokenizer, prompt, stop, n, first_past=False, min_tokens=0):
+    """(min_tokens, text, token count) of the plain decoder's stop on the target's greedy answer; with ``first_past``,
+    min_tokens is just past the first occurrence (so an occurrence completes before it: the bug's case)."""
+    from tests.helpers import plain_stop_cut
+
+    ids = tokenizer(prompt)["input_ids"]
+    out = target_greedy(model, tokenizer, prompt, n)
+    if first_past:
+        first = plain_stop_cut(tokenizer, ids, out, stop, 0)
+        assert first is not None, tokenizer.decode(out)
+        min_tokens = first[0] + 1
+    cut = plain_stop_cut(tokenizer, ids, out, stop, min_tokens)
+    assert cut is not None, (tokenizer.decode(out), min_tokens)
+    return min_tokens, cut[1], cut[0]
+
+
+@pytest.mark.parametrize("method", ["none", "suffix"])
+def test_stop_under_min_tokens_cuts_where_plain_decoding_does(sync_client, frontend, real_model, real_tokenizer,
+                                                              method):
+    """Issue 41 (vLLM #21987) through both endpoints, streamed and not: the first stop word completed at or after the
+    min_tokens-th token ends the answer, as plain decoding cuts it, for the baseline and a method at k = 8."""
+    extra = {"speculative_method": method, "num_draft_tokens": 8}
+    for mt in (4, 6, 9):
+        _, text, n = _cut(real_model, real_tokenizer, FIG_PROMPT, ["fig"], 16, min_tokens=mt)
+        kw = dict(model=frontend.served_name, prompt=FIG_PROMPT, max_tokens=16, temperature=0, stop="fig",
+                  extra_body={**extra, "min_tokens": mt})
+        whole = sync_client.completions.create(**kw)
+        assert (whole.choices[0].text, whole.choices[0].finish_reason) == (text, "stop"), mt
+        assert whole.usage.completion_tokens == n
+        parts = list(sync_client.completions.create(stream=True, **kw))
+        assert "".join(p.choices[0].text for p in parts) == text and parts[-1].choices[0].finish_reason == "stop"
+    templated = real_tokenizer.apply_chat_template(FIG_CHAT, tokenize=False, add_generation_prompt=True)
+    mt, text, n = _cut(real_model, real_tokenizer, templated, [" of"], 24, first_past=True)
+    kw = dict(model=frontend.served_name, messages=FIG_CHAT, max_tokens=24, temperature=0, stop=[" of"],
+              extra_body={**extra, "min_tokens": mt})
+    whole = sync_client.chat.completions.create(**kw)
+    assert (whole.choices[0].message.content, whole.choices[0].finish_reason) == (text, "stop")
+    assert whole.usage.completion_tokens == n and text.count(" of") == 1
+    chunks = list(sync_client.chat.completions.create(stream=True, **kw))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def _bytes_of(token: str) -> bytes:
+    """A completions ``token`` string back to bytes (OpenAI's ``bytes:`` form: ``\\xhh`` for stray bytes)."""
+    if not token.startswith("bytes:"):
+        return token.encode()
+    parts = re.split(r"\\x([0-9a-f]{2})", token[len("bytes:"):])
+    return b"".join(bytes([int(p, 16)]) if i % 2 else p.encode() for i, p in enumerate(parts))
+
+
+def _check_entry(e):
+    """A chat log-prob entry: bytes its own (no replacement character), ``token`` by OpenAI's convention."""
+    data = bytes(e.bytes)
+    assert data != "\ufffd".encode()
+    try:
+        assert e.token == data.decode()
+    except UnicodeDecodeError:
+        assert e.token.startswith("bytes:") and _bytes_of(e.token) == data
+
+
+def test_logprob_bytes_of_split_characters_rebuild_the_content(sync_client, frontend, real_tokenizer):
+    """Issue 41 (vLLM #27300): an answer of emoji, each split over tokens; with logprobs and top_logprobs 2, streamed
+    and not, every entry's and alternative's bytes are the token's own and the entries' bytes join into the content's
+    UTF-8; /v1/completions' tokens (``bytes:`` form) rebuild its text the same way."""
+    kw = dict(model=frontend.served_name, messages=EMOJI_CHAT, max_tokens=12, temperature=0, logprobs=True,
+              top_logprobs=2, extra_body={"speculative_method": "suffix"})
+    whole = sync_client.chat.completions.create(**kw)
+    chunks = list(sync_client.chat.completions.create(stream=True, **kw))
+    content = whole.choices[0].message.content
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == content and content
+    assert any(ord(ch) > 0xFFFF for ch in content), content  # the answer holds characters split over tokens
+    for entries in (whole.choices[0].logprobs.content,
+                    [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]):
+        assert b"".join(bytes(e.bytes) for e in entries) == content.encode()
+        assert any(e.token.startswith("bytes:") for e in entries)
+        for e in entries:
+            _check_entry(e)
+            assert len(e.top_logprobs) == 2 and e.top_logprobs[0].bytes == e.bytes  # greedy: top-1 is the token
+            for alt in e.top_logprobs:
+                _check_entry(alt)
+    templated = real_tokenizer.apply_chat_template(EMOJI_CHAT, tokenize=False, add_generation_prompt=True)
+    ckw = dict(model=frontend.served_name, prompt=templated, max_tokens=12, temperature=0, logprobs=2)
+    done = sync_client.completions.create(**ckw)
+    parts = list(sync_client.completions.create(stream=True, **ckw))
+    assert done.choices[0].text == content
+    for tokens, tops in ((done.choices[0].logprobs.tokens, done.choices[0].logprobs.top_logprobs),
+                         ([t for p in parts if p.choices[0].logprobs for t in p.choices[0].logprobs.tokens],
+                          [t for p in parts if p.choices[0].logprobs for t in p.choices[0].logprobs.top_logprobs])):
+        assert b"".join(_bytes_of(t) for t in tokens) == content.encode()
+        assert all(t in top for t, top in zip(tokens, tops))
 
 
 @pytest.mark.parametrize("kw,status,param", [

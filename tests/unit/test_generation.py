@@ -8,6 +8,7 @@ from spec_decode.protocol import StepResult
 from spec_decode.request import GenerationRequest
 from spec_decode.schedule import HeuristicK
 from spec_decode.settings import InvalidInputError
+from tests.helpers import plain_stop_cut
 
 
 def _gen(tok, **kw):
@@ -112,3 +113,70 @@ def test_heuristic_k_schedule_follows_acceptance(real_tokenizer):
     const = Generation(2, prompt, req, real_tokenizer, [], 2048, 0)
     const.commit(StepResult([1, 2, 3, 4, 5], 4))
     assert const.next_step().num_draft_tokens == 4
+
+
+def _stream(gen, ids, sizes, lps):
+    """Feed ``ids`` (with log-probs ``lps``) in steps of the given sizes (cycled) until the generation finishes;
+    returns (streamed text, streamed ids, streamed log-probs)."""
+    text, out, out_lps, i, s = "", [], [], 0, 0
+    while not gen.finished and i < len(ids):
+        n = sizes[s % len(sizes)]
+        c = gen.commit(StepResult(ids[i : i + n], n - 1, log_probs=lps[i : i + n]))
+        text, out, out_lps = text + c.text, out + c.token_ids, out_lps + c.log_probs
+        i, s = i + n, s + 1
+    return text, out, out_lps
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_stop_word_cut_is_the_same_for_every_step_split(real_tokenizer, seed):
+    """Issue 41 (vLLM #21987): a random token stream over a few words (a stop word among them, often repeated, and
+    an emoji split over tokens) with random stop words and min_tokens: the stream fed in steps of 1, of k, and of
+    random sizes gives the same text, ids, log-probs and finish reason, and they are the plain decoder's cut (the
+    first occurrence completed at or after the min_tokens-th token; none completed earlier)."""
+    import random
+
+    rng = random.Random(seed)
+    tok = real_tokenizer
+    pieces = [" fig", ",", " fig,", " apple", "fig", "\n\n", " \U0001F600", " st", "op", " stop", " f", "ig"]
+    ids = [t for _ in range(40) for t in tok(rng.choice(pieces), add_special_tokens=False)["input_ids"]]
+    lps = [-0.01 * (j + 1) for j in range(len(ids))]
+    stop_words = rng.sample([" fig", "fig,", ", f", " stop", "\n\n", "\U0001F600", "ig ap"], rng.randint(1, 3))
+    min_tokens = rng.choice([0, 1, 4, 6, 9, 15])
+    prompt = tok("hello")["input_ids"]
+
+    def run(sizes):
+        req = GenerationRequest("p", 1000, speculative_method="ngram", stop_words=stop_words, min_tokens=min_tokens,
+                                return_log_probs=True)
+        gen = Generation(1, prompt, req, tok, [tok.eos_token_id], 4096, 0)
+        text, out, out_lps = _stream(gen, ids, sizes, lps)
+        return text, out, out_lps, gen.finish_reason
+
+    ones = run([1])
+    for sizes in ([4], [8], [rng.randint(1, 9) for _ in range(30)]):
+        assert run(sizes) == ones, (sizes, stop_words, min_tokens)
+    ref = plain_stop_cut(tok, prompt, ids, stop_words, min_tokens)
+    text, out, out_lps, reason = ones
+    if ref is None:
+        assert out == ids and reason is None
+    else:
+        n, cut = ref
+        assert (text, out, reason) == (cut, ids[:n], "stop")
+        assert out_lps == lps[:n]
+        assert n >= min_tokens
+
+
+def test_stop_word_completed_before_min_tokens_is_not_a_stop(real_tokenizer):
+    """The bug report's case: "fig, fig, fig, ..." with stop word "fig" and min_tokens 4: occurrences completed
+    before the 4th token are kept in the text; the first one completed at or after it ends the request, text cut
+    before it (not an earlier one, so no "fig" is left at the end of the text)."""
+    tok = real_tokenizer
+    ids = tok("fig, fig, fig, fig, fig, fig, fig", add_special_tokens=False)["input_ids"]
+    for k in (1, 4, 8):
+        for min_tokens in (4, 6, 9):
+            req = GenerationRequest("p", 100, speculative_method="ngram", stop_words=["fig"], min_tokens=min_tokens)
+            gen = Generation(1, tok("hello")["input_ids"], req, tok, [], 2048, 0)
+            text, out, _ = _stream(gen, ids, [k], [0.0] * len(ids))
+            n = len(out)
+            assert n >= min_tokens and gen.finish_reason == "stop"
+            assert tok.decode(ids[:n]).endswith("fig") and not tok.decode(ids[: n - 1]).endswith("fig")
+            assert text == tok.decode(ids[:n])[: -len("fig")] and not text.endswith("fig")

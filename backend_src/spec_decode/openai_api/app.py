@@ -29,6 +29,7 @@ from starlette.routing import Route
 from .errors import OpenAIError, bad_value
 from .params import GenerateCall, parse_chat, parse_completion
 from .responses import Reply, merge_logprobs, sse
+from .token_bytes import token_bytes_reader
 from .triton import StepOutput, TritonGenerate
 
 DEFAULT_MAX_BODY_BYTES = 4 << 20
@@ -64,6 +65,7 @@ class Served:
 
     def __post_init__(self):
         self.token_text = lru_cache(maxsize=1 << 16)(self._token_text)
+        self.token_bytes = token_bytes_reader(self.tokenizer)
 
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
@@ -209,7 +211,7 @@ async def _complete(request: Request, chat: bool) -> Response:
                           param="model", code="model_not_found")
     if "max_tokens" not in call.inputs:  # chat without a limit: up to the context's end, as vLLM
         call.inputs["max_tokens"] = np.array([await served.triton.max_model_len()], np.int32)
-    reply = Reply(call, served.token_text)
+    reply = Reply(call, served.token_bytes, served.token_text)
     steps = served.triton.stream(call.prompt, call.inputs, "messages" if chat else "prompt")
     try:
         if not call.stream:

@@ -5,6 +5,7 @@ usage and log-probs, shaped as OpenAI's API reference gives them (``text_complet
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import time
@@ -12,6 +13,7 @@ import uuid
 from collections.abc import Callable
 
 from .params import GenerateCall
+from .token_bytes import token_string
 from .triton import StepOutput
 
 # generate's finish reasons -> OpenAI's ("stop": EOS, end id or stop word; "length": max_tokens or max_model_len)
@@ -28,17 +30,22 @@ class Reply:
 
     Args:
         call: the request.
-        token_text: token id -> its text (the tokenizer's decoding of that one token), for log-probs.
+        token_bytes: token id -> the token's own bytes, or None for a special token that the content skips
+            (:func:`.token_bytes.token_bytes_reader`), for log-probs.
+        token_text: token id -> its text (the tokenizer's decoding of that one token): a special token's ``token``.
     """
 
-    def __init__(self, call: GenerateCall, token_text: Callable[[int], str]):
+    def __init__(self, call: GenerateCall, token_bytes: Callable[[int], bytes | None],
+                 token_text: Callable[[int], str]):
         self.call = call
         self.id = ("chatcmpl-" if call.chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
+        self.token_bytes = token_bytes
         self.token_text = token_text
         self.prompt_tokens = 0
         self.completion_tokens = 0
-        self.text_offset = len(call.prompt) if call.echo else 0  # completions' logprobs.text_offset
+        self.text_offset = len(call.prompt) if call.echo else 0  # completions' logprobs.text_offset (characters)
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")  # the characters the tokens so far complete
 
     def count(self, step: StepOutput) -> None:
         """Add one step to the usage counts."""
@@ -53,32 +60,45 @@ class Reply:
 
     # -- log-probs ---------------------------------------------------------------------------------------------------
 
-    def _alternatives(self, step: StepOutput, i: int) -> list[tuple[str, float]]:
+    def _token(self, token_id: int) -> tuple[str, list[int] | None]:
+        """A token's ``token`` string and ``bytes``: its own bytes (a part of a UTF-8 character included, never the
+        replacement character), the string by OpenAI's convention (:func:`.token_bytes.token_string`); a special
+        token: its text and no bytes (null)."""
+        data = self.token_bytes(int(token_id))
+        if data is None:
+            return self.token_text(int(token_id)), None
+        return token_string(data), list(data)
+
+    def _alternatives(self, step: StepOutput, i: int) -> list[tuple[str, list[int] | None, float]]:
         if step.top_ids is None or step.top_log_probs is None or self.call.logprobs in (None, 0):
             return []
         ids, lps = step.top_ids[i], step.top_log_probs[i]
-        return [(self.token_text(int(t)), _finite(float(lp))) for t, lp in zip(ids, lps) if t >= 0]
+        return [(*self._token(int(t)), _finite(float(lp))) for t, lp in zip(ids, lps) if t >= 0]
 
     def logprobs(self, step: StepOutput) -> dict | None:
         """The step's ``logprobs`` object (chat: ``{"content": [...]}``; completions: ``tokens``, ``token_logprobs``,
-        ``top_logprobs``, ``text_offset``), or None when the request asked for none."""
+        ``top_logprobs``, ``text_offset``), or None when the request asked for none.
+
+        Each token's ``bytes`` are its own, so a response's concatenated ``bytes`` are its content's UTF-8;
+        ``text_offset`` is the character index where the token's first byte falls (inside a character that an
+        earlier token began, that character's index)."""
         if self.call.logprobs is None or step.log_probs is None:
             return None
         if self.call.chat:
             content = []
             for i, (tok, lp) in enumerate(zip(step.token_ids, step.log_probs)):
-                text = self.token_text(tok)
-                content.append({"token": text, "logprob": _finite(lp), "bytes": list(text.encode()),
-                                "top_logprobs": [{"token": t, "logprob": a, "bytes": list(t.encode())}
-                                                 for t, a in self._alternatives(step, i)]})
+                text, data = self._token(tok)
+                content.append({"token": text, "logprob": _finite(lp), "bytes": data,
+                                "top_logprobs": [{"token": t, "logprob": a, "bytes": b}
+                                                 for t, b, a in self._alternatives(step, i)]})
             return {"content": content}
         tokens, offsets, tops = [], [], []
         for i, tok in enumerate(step.token_ids):
-            text = self.token_text(tok)
+            text, data = self._token(tok)
             tokens.append(text)
             offsets.append(self.text_offset)
-            self.text_offset += len(text)
-            tops.append(dict(self._alternatives(step, i)) if self.call.logprobs else None)
+            self.text_offset += len(self._utf8.decode(bytes(data or b"")))
+            tops.append({t: a for t, _, a in self._alternatives(step, i)} if self.call.logprobs else None)
         return {"tokens": tokens, "token_logprobs": [_finite(x) for x in step.log_probs], "top_logprobs": tops,
                 "text_offset": offsets}
 
