@@ -92,7 +92,7 @@ class _Transformers:
     def __init__(self, model, prompts: dict[int, list[int]]):
         from transformers import DynamicCache
 
-        from spec_decode.engine.slots import cache_keyword
+        from spec_decode.engine.kv_pool import cache_keyword
 
         self.model, self.caches, self.kw = model, {}, cache_keyword(model)
         with torch.inference_mode():

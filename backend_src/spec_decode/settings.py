@@ -186,11 +186,16 @@ class LMSettings(ConfigSettings):
         dtype: ``auto`` (float32 on CPU, bfloat16 on CUDA), ``float32``, ``float16``, ``bfloat16``.
         max_sequences: KV caches of running sequences kept (LRU), >= 1; as many released ones are kept for prefix
             reuse.
-        kv_cache_max_tokens: the most positions all KV caches together allocate (running and released), >= 0; 0 =
-            no bound. Memory: this x 2 x layers x KV heads x head dim x the dtype's bytes (46 KiB per token for the
-            embedded SmolLM2-135M in float32, so the default holds ~2.9 GiB at most).
-        enable_prefix_caching: reuse the KV of full 16-token blocks across sequences with the same leading tokens
+        kv_cache_max_tokens: the positions of the paged KV pool (running sequences and released ones' pages kept for
+            prefix reuse), >= 1024, or 0: sized from the device's memory (CUDA: ``gpu_memory_utilization``; CPU: a
+            quarter of the machine's). Memory: this x 2 x layers x KV heads x head dim x the dtype's bytes (46 KiB per
+            token for the embedded SmolLM2-135M in float32, ~2.9 GiB at the default), allocated at load (on a CPU
+            mapped as it is first written).
+        enable_prefix_caching: share the KV of full 16-token pages across sequences with the same leading tokens
             (vLLM's automatic prefix caching; :mod:`spec_decode.engine.kv_cache`).
+        cuda_graphs: ``auto`` (on CUDA, capture the forward of each round shape at load and replay it) or ``off``.
+        gpu_memory_utilization: on CUDA, the fraction of the GPU's memory that this process's weights, KV pool and
+            everything in use before it may fill (vLLM's setting), in (0, 1].
     """
 
     device: str = "auto"
@@ -198,16 +203,21 @@ class LMSettings(ConfigSettings):
     max_sequences: int = 64
     kv_cache_max_tokens: int = 65536
     enable_prefix_caching: bool = True
+    cuda_graphs: str = "auto"
+    gpu_memory_utilization: float = 0.9
 
     DTYPES: ClassVar[tuple[str, ...]] = ("auto", "float32", "float16", "bfloat16")
 
     def check(self) -> None:
-        """dtype one of :attr:`DTYPES`, max_sequences >= 1, kv_cache_max_tokens 0 or >= 1024, device one of auto, cpu,
-        cuda, cuda:N (kept lower-cased)."""
+        """dtype one of :attr:`DTYPES`, max_sequences >= 1, kv_cache_max_tokens 0 or >= 1024, cuda_graphs auto or off,
+        gpu_memory_utilization in (0, 1], device one of auto, cpu, cuda, cuda:N (kept lower-cased)."""
         self._choice("dtype", self.DTYPES)
+        self._choice("cuda_graphs", ("auto", "off"))
         in_range("max_sequences", self.max_sequences, 1)
         if self.kv_cache_max_tokens != 0:
-            in_range("kv_cache_max_tokens", self.kv_cache_max_tokens, 1024, None, " (0 = no bound)")
+            in_range("kv_cache_max_tokens", self.kv_cache_max_tokens, 1024, None, " (0 = from the device's memory)")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise InvalidInputError("gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}")
         d = self.device.strip().lower()
         if not (d in ("auto", "cpu", "cuda") or (d.startswith("cuda:") and d[5:].isdigit())):
             raise InvalidInputError("device", f"{self.device!r} is not one of {DEVICE_HELP}")

@@ -83,7 +83,7 @@ def test_chunked_prefill_gives_the_tokens_of_one_piece_prefill_for_every_method(
     step = LocalStep(served, TargetScorer(lm))
     computed = []
     forward = lm._forward
-    lm._forward = lambda batch: computed.append(len(batch[0][3]) - batch[0][4]) or forward(batch)
+    lm._forward = lambda rows: computed.append(len(rows[0].new_ids)) or forward(rows)
     for method in METHODS:
         outs, steps = [], []
         for budget in (0, 32):

@@ -25,7 +25,7 @@ class AuxHiddenStates:
 
     Args:
         decoder: a transformers decoder (``*Model``) with ``layers`` (an ``nn.ModuleList`` of L decoder layers).
-        layers: layer ids in [0, L), distinct; empty: no hooks, :meth:`extend` returns its input.
+        layers: layer ids in [0, L), distinct; empty: no hooks, :meth:`gather` returns its input.
 
     Raises:
         ValueError: an id out of range or repeated, or a decoder without ``layers``.
@@ -56,10 +56,14 @@ class AuxHiddenStates:
                 aux._latest[i] = args[0] if args else kwargs["hidden_states"]
         return keep
 
-    def extend(self, hidden: torch.Tensor, n_keep: int) -> torch.Tensor:
-        """The last hidden states [B, n_keep, H] of the forward just run, followed by each layer's input at the same
-        positions: [B, n_keep, H x (1 + len(layers))] (``hidden`` itself when there are no layers)."""
+    def gather(self, hidden: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """The last hidden states ``hidden`` [B, O, H] of the forward just run (already gathered at the query columns
+        ``index`` [B, O]), followed by each layer's input at the same columns: [B, O, H x (1 + len(layers))]
+        (``hidden`` itself when there are no layers)."""
         if not self.layers:
             return hidden
-        parts = [hidden] + [self._latest.pop(i)[:, -n_keep:].to(hidden.dtype) for i in self.layers]
+        parts = [hidden]
+        for i in self.layers:
+            x = self._latest.pop(i)
+            parts.append(x.gather(1, index[:, :, None].expand(-1, -1, x.shape[-1])).to(hidden.dtype))
         return torch.cat(parts, -1)

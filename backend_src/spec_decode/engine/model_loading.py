@@ -172,10 +172,13 @@ def load_cached_lm(path: Path, settings: LMSettings, aux_layers: tuple[int, ...]
     logger.info("loading %s on %s (%s)", path, device, dtype)
     lm = CachedCausalLM(load_causal_lm(path, device, dtype), settings.max_sequences,
                         max_tokens=settings.kv_cache_max_tokens, prefix_caching=settings.enable_prefix_caching,
-                        aux_layers=aux_layers)
-    if lm.max_tokens:
-        logger.info("%s: KV caches bounded to %d tokens (%.2f GiB at %d bytes per token)", path.name, lm.max_tokens,
-                    lm.max_tokens * lm.kv_bytes_per_token() / 2**30, lm.kv_bytes_per_token())
+                        aux_layers=aux_layers, cuda_graphs=settings.cuda_graphs,
+                        gpu_memory_utilization=settings.gpu_memory_utilization)
+    logger.info("%s: paged KV pool of %d tokens (%.2f GiB at %d bytes per token, pages of %d)", path.name,
+                lm.max_tokens, lm.pool.nbytes / 2**30, lm.kv_bytes_per_token(), lm.block_size)
+    if lm.graphs is None:
+        logger.info("%s: CUDA graphs: none captured (%s)", path.name,
+                    "cuda_graphs: off" if device.type == "cuda" else f"{device.type}: forwards run eagerly")
     return lm
 
 

@@ -1,0 +1,114 @@
+"""CUDA graphs of the paged forward (:class:`~.paged_forward.PagedForward`): captured once per round shape at load,
+replayed each round (vLLM v1's ``CudagraphDispatcher``, SGLang's ``CudaGraphRunner``, gpt-fast's
+``mode="reduce-overhead"``).
+
+Every captured shape reads its inputs from one static device buffer, which a round fills with one non-blocking copy
+from a pinned host buffer (:func:`~.paged_forward.pack_round`'s layout); the graph's outputs are static tensors that the
+next replay overwrites, so callers copy what they keep. Shapes are captured largest first into one shared memory pool
+(the smaller graphs reuse the largest one's activations). The inputs at capture are zeros: every row writes and reads
+the trash page, so capture changes no sequence's keys and values.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+
+from .paged_forward import PagedForward, RoundShape, unpack_round
+
+logger = logging.getLogger(__name__)
+
+
+def capture_shapes(batches: Iterable[int], queries: Iterable[int], pages: Iterable[int]) -> list[RoundShape]:
+    """The shapes to capture: every (B, Q, P) with O = Q output rows (a captured round returns every query row; the
+    caller keeps those it asked for), largest first."""
+    shapes = [RoundShape(b, q, q, p) for b in batches for q in queries for p in pages]
+    return sorted(shapes, key=lambda s: (s.batch * s.query * s.pages, s.batch, s.query), reverse=True)
+
+
+def smallest_shape(shapes: Iterable[RoundShape], batch: int, query: int, outputs: int,
+                   pages: int) -> RoundShape | None:
+    """The smallest of ``shapes`` (fewest input elements) that holds a round of ``batch`` rows, ``query`` new tokens,
+    ``outputs`` output rows (a captured shape returns ``query`` rows per row) and ``pages`` block-table pages per row,
+    or None (the round runs eagerly)."""
+    best = None
+    for s in shapes:
+        if s.batch >= batch and s.query >= max(query, outputs) and s.pages >= pages:
+            if best is None or s.numel() < best.numel():
+                best = s
+    return best
+
+
+class CapturedForward:
+    """CUDA graphs of ``forward``, one per shape.
+
+    Args:
+        forward: the paged forward (its pool and model on ``device``).
+        shapes: the round shapes to capture (:func:`capture_shapes`).
+        device: the CUDA device.
+
+    Raises:
+        RuntimeError: from CUDA while capturing (a forward that synchronises with the host cannot be captured).
+    """
+
+    def __init__(self, forward: PagedForward, shapes: list[RoundShape], device: torch.device):
+        self.forward, self.device = forward, device
+        self.shapes = list(shapes)
+        size = max(s.numel() for s in self.shapes)
+        self._host = torch.zeros(size, dtype=torch.int64).pin_memory()
+        self._static = torch.zeros(size, dtype=torch.int64, device=device)
+        self._copied = torch.cuda.Event()
+        self._graphs: dict[RoundShape, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.capture_seconds = 0.0
+        self.capture_bytes = 0
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every shape (largest first, one memory pool); records :attr:`capture_seconds` and
+        :attr:`capture_bytes` (the device memory reserved meanwhile) and logs them."""
+        t0, before = time.perf_counter(), torch.cuda.memory_reserved(self.device)
+        pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream(self.device)
+        for shape in self.shapes:
+            inputs = unpack_round(self._static[: shape.numel()], shape)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(2):  # warm-up: kernels chosen, workspaces allocated, outside the graph
+                    self.forward(**inputs)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                out = self.forward(**inputs)
+            self._graphs[shape] = (graph, out)
+        torch.cuda.synchronize(self.device)
+        self.capture_seconds = time.perf_counter() - t0
+        self.capture_bytes = torch.cuda.memory_reserved(self.device) - before
+        logger.info("CUDA graphs: captured %d round shapes (batch %s, query %s, pages %s) in %.1f s, %.0f MiB",
+                    len(self._graphs), sorted({s.batch for s in self.shapes}), sorted({s.query for s in self.shapes}),
+                    sorted({s.pages for s in self.shapes}), self.capture_seconds, self.capture_bytes / 2**20)
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def shape_for(self, batch: int, query: int, outputs: int, pages: int) -> RoundShape | None:
+        """The captured shape a round runs at (:func:`smallest_shape` over the captured ones), or None."""
+        return smallest_shape(self._graphs, batch, query, outputs, pages)
+
+    def run(self, packed: np.ndarray, shape: RoundShape) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay ``shape``'s graph on a packed round (:func:`~.paged_forward.pack_round` at ``shape``); returns
+        its static (logits [B, Q, V], hidden [B, Q, H']), valid until the next replay."""
+        graph, out = self._graphs[shape]
+        n = shape.numel()
+        self._copied.synchronize()  # the previous round's copy has left the pinned buffer
+        self._host[:n].copy_(torch.from_numpy(packed))
+        self._static[:n].copy_(self._host[:n], non_blocking=True)
+        self._copied.record()
+        graph.replay()
+        return out
+
+
+__all__ = ["CapturedForward", "capture_shapes", "smallest_shape"]

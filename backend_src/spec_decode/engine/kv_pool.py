@@ -1,0 +1,115 @@
+"""The device side of the paged KV pool: every layer's keys and values in fixed pages, and the cache object through
+which a transformers decoder writes and reads them in one round (vLLM's paged KV cache, ``vllm/v1/worker/
+gpu_model_runner.py``'s slot mapping; the block manager is :mod:`.pages`).
+
+Layout: per layer, keys and values ``[num_pages x page_size, kv_heads, head_dim]`` (slot-major, as vLLM's pages: a
+round's scatter and gather move whole slots); position p of a sequence whose page
+list is ``pages`` is slot ``pages[p // page_size] x page_size + p % page_size``. A round's new keys and values go to
+their slots with one ``index_copy_`` per layer (``write_slots``: padded rows and padded query columns write into the
+trash page, slot 0); the attention reads each row's slots ``0 .. L - 1`` gathered through its block table, positions
+past the row's length redirected to slot 0, so nothing reads a slot no forward wrote and masked keys are finite (a
+masked weight is 0, and 0 x NaN would still be NaN). Every shape is the round's padded shape: no host synchronisation,
+so the forward can be captured in a CUDA graph (:mod:`.cuda_graphs`).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from .pages import TRASH_PAGE
+
+
+def cache_keyword(model) -> str:
+    """The keyword by which ``model.forward`` takes its KV cache: ``cache`` in the transformers that
+    requirements.txt pins (where ``past_key_values`` is deprecated), ``past_key_values`` in earlier 5.x releases such as
+    5.17 (which would pass an unknown ``cache`` on to the attention and ignore it)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def kv_shape(config) -> tuple[int, int, int]:
+    """(layers, KV heads, head dim) of a transformers decoder config (``num_key_value_heads`` defaults to the
+    attention heads, ``head_dim`` to hidden / heads)."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return int(config.num_hidden_layers), int(heads), int(head_dim)
+
+
+class KVPool:
+    """Keys and values of every layer in ``num_pages`` pages of ``page_size`` slots.
+
+    One tensor ``[layers, 2, num_pages x page_size, kv_heads, head_dim]`` allocated uninitialised (on a CPU a large
+    allocation is mapped lazily: memory is taken as pages are first written), the trash page zeroed.
+
+    Args:
+        layers, kv_heads, head_dim: the model's attention shape (:func:`kv_shape`).
+        num_pages: pages, the trash page included (>= 2).
+        page_size: slots per page.
+        dtype, device: of the keys and values (the model's).
+    """
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, num_pages: int, page_size: int,
+                 dtype: torch.dtype, device: torch.device):
+        self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
+        self.num_pages, self.page_size = num_pages, page_size
+        self.data = torch.empty((layers, 2, num_pages * page_size, kv_heads, head_dim), dtype=dtype, device=device)
+        self.data[:, :, TRASH_PAGE * page_size : (TRASH_PAGE + 1) * page_size] = 0
+        self.keys = [self.data[i, 0] for i in range(layers)]  # per layer [slots, kv_heads, head_dim] views
+        self.values = [self.data[i, 1] for i in range(layers)]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the pool reserves."""
+        return self.data.numel() * self.data.element_size()
+
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Copy the first ``n`` slots of page ``src`` into page ``dst``, every layer (copy-on-write of a shared
+        page)."""
+        ps = self.page_size
+        self.data[:, :, dst * ps : dst * ps + n] = self.data[:, :, src * ps : src * ps + n]
+
+
+class PagedCache:
+    """The cache object one round hands a transformers decoder: implements ``update(keys, values, layer_idx)``, the
+    method its attention layers call.
+
+    The new keys and values ``[B, kv_heads, Q, D]`` are written to ``write_slots`` ``[B x Q]``; the attention gets
+    ``[B, kv_heads, L, D]`` gathered from ``read_slots`` ``[B, L]`` (the layout the round's 4D mask describes).
+
+    Args:
+        pool: the pool.
+        write_slots: [B x Q] int64 slot of each query position (padded ones: the trash page).
+        read_slots: [B, L] int64 slot of each key position of each row (past the row's length: slot 0); or None
+            with ``span``.
+        span: (first slot, L) for one row whose slots are consecutive and whose query columns are all real (an
+            eager round of one sequence whose pages follow each other): its new keys and values are written as a
+            slice and the attention reads a view of the pool, no scatter and no gather.
+    """
+
+    def __init__(self, pool: KVPool, write_slots: torch.Tensor, read_slots: torch.Tensor | None,
+                 span: tuple[int, int] | None = None):
+        self.pool, self.write_slots, self.read_slots, self.span = pool, write_slots, read_slots, span
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Store the new keys and values; return the keys and values the attention runs over (class docstring)."""
+        b, h, q, d = key_states.shape
+        stores = (self.pool.keys[layer_idx], self.pool.values[layer_idx])
+        if self.span is not None:
+            start, length = self.span
+            end = start + length
+            out = []
+            for store, x in zip(stores, (key_states, value_states)):
+                store[end - q : end] = x[0].transpose(0, 1)
+                out.append(store[start:end].unsqueeze(0).transpose(1, 2))
+            return out[0], out[1]
+        assert self.read_slots is not None
+        flat = self.read_slots.reshape(-1)
+        out = []
+        for store, x in zip(stores, (key_states, value_states)):
+            store.index_copy_(0, self.write_slots, x.transpose(1, 2).reshape(b * q, h, d))
+            out.append(store.index_select(0, flat).view(b, -1, h, d).transpose(1, 2))
+        return out[0], out[1]
+
+
+__all__ = ["KVPool", "PagedCache", "cache_keyword", "kv_shape"]

@@ -1,0 +1,212 @@
+"""The host side of the paged KV pool: which page holds what (vLLM's block manager, ``vllm/v1/core/kv_cache_manager.py``
+and ``block_pool.py``, in its simplest form).
+
+Vocabulary: the pool's memory is cut into **pages** of ``page_size`` positions (16, vLLM's block size). Page 0 is the
+**trash page**: padded rows of a round write their keys and values there and nothing real reads it. A sequence holds a
+**page list** (its block table): position p of the sequence lives in slot ``pages[p // page_size] * page_size + p %
+page_size`` of every layer's pool. Pages are **reference counted**: prefix caching shares a full page between the
+sequences whose leading tokens are the same. A full page is **registered** under its block key, (the key of the page
+before it, its ``page_size`` token ids): a chain over the token ids from the sequence's start, as vLLM's prefix hash,
+compared exactly (a dict key, not a hash alone). A page whose last reference goes stays registered and **cached**
+(least recently used first out) until the pool needs it, so a later request with the same prefix reuses it; a page
+that is written again is first unregistered (or, when shared, copied: **copy-on-write**). Pure Python, no torch: the
+device side is :mod:`.kv_pool`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+TRASH_PAGE = 0
+ROOT_KEY = (-1, -1)  # the parent of a sequence's first block
+
+
+class OutOfPages(RuntimeError):
+    """The pool has no free or cached page left (:meth:`BlockManager.allocate`)."""
+
+
+@dataclass
+class PagedSequence:
+    """One sequence's pages.
+
+    Attributes:
+        ids: the token ids whose keys and values the pages hold (positions 0..len-1).
+        pages: its page list (block table), ``ceil(len(ids) / page_size)`` pages once a round is prepared.
+        registered: how many leading pages were offered to the prefix index (full pages only).
+    """
+
+    ids: list[int] = field(default_factory=list)
+    pages: list[int] = field(default_factory=list)
+    registered: int = 0
+
+
+class BlockManager:
+    """Pages of one pool: a free list, reference counts, the prefix index of full pages and the cached (unreferenced
+    but registered) pages.
+
+    Args:
+        num_pages: pages in the pool, the trash page included (>= 2).
+        page_size: positions per page (>= 1).
+
+    Raises:
+        ValueError: ``num_pages`` < 2 or ``page_size`` < 1.
+    """
+
+    def __init__(self, num_pages: int, page_size: int):
+        if num_pages < 2:
+            raise ValueError(f"a pool needs at least 2 pages (one is the trash page), got {num_pages}")
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.num_pages, self.page_size = num_pages, page_size
+        self.ref = [0] * num_pages
+        self.generation = [0] * num_pages  # bumped at every reallocation: a key naming an old page never matches
+        self._free = list(range(num_pages - 1, TRASH_PAGE, -1))  # a stack: low pages first, freed pages reused first
+        self._cached: OrderedDict[int, None] = OrderedDict()  # ref 0, registered: evictable, least recently used first
+        self._index: dict[tuple, int] = {}  # block key -> page
+        self._key: dict[int, tuple] = {}  # page -> its block key (registered pages)
+
+    # -- accounting ----------------------------------------------------------------------------------------------
+
+    def free_pages(self) -> int:
+        """Pages that :meth:`allocate` can hand out now without evicting a sequence (free and cached)."""
+        return len(self._free) + len(self._cached)
+
+    def used_pages(self) -> int:
+        """Pages referenced by a sequence or cached for prefix reuse (what a token budget bounds)."""
+        return self.num_pages - 1 - len(self._free)
+
+    def cached_pages(self) -> int:
+        """Registered pages no sequence references (kept for prefix reuse)."""
+        return len(self._cached)
+
+    # -- pages ---------------------------------------------------------------------------------------------------
+
+    def allocate(self) -> int:
+        """A page for one sequence to write (reference count 1): a free one, else the least recently used cached one
+        (unregistered first).
+
+        Raises:
+            OutOfPages: none is free or cached.
+        """
+        if self._free:
+            page = self._free.pop()
+        elif self._cached:
+            page, _ = self._cached.popitem(last=False)
+            self._unregister(page)
+        else:
+            raise OutOfPages("no free KV page")
+        self.ref[page] = 1
+        self.generation[page] += 1
+        return page
+
+    def incref(self, page: int) -> None:
+        """One more sequence holds ``page`` (a cached page is taken out of the evictable set)."""
+        if self.ref[page] == 0:
+            self._cached.pop(page, None)
+        self.ref[page] += 1
+
+    def decref(self, page: int) -> None:
+        """One sequence fewer holds ``page``; unreferenced, it is cached when registered, else free."""
+        self.ref[page] -= 1
+        if self.ref[page] > 0:
+            return
+        if page in self._key:
+            self._cached[page] = None
+        else:
+            self._free.append(page)
+
+    def release(self, seq: PagedSequence) -> None:
+        """Drop every page of ``seq`` (the last ones first, so that a later sequence gets the first ones back first)."""
+        for page in reversed(seq.pages):
+            self.decref(page)
+        seq.pages.clear()
+        seq.ids.clear()
+        seq.registered = 0
+
+    def truncate(self, seq: PagedSequence, keep: int) -> None:
+        """Keep the first ``keep`` positions of ``seq`` (a rollback is a length change): pages wholly beyond go back
+        (decref), and the page holding position ``keep`` becomes writable: copied on write when shared (the copy is
+        the caller's, :meth:`writable` returns the pair to copy), unregistered when this sequence alone holds it."""
+        n = -(-keep // self.page_size)
+        for page in reversed(seq.pages[n:]):
+            self.decref(page)
+        del seq.pages[n:]
+        del seq.ids[keep:]
+        seq.registered = min(seq.registered, keep // self.page_size)
+
+    def writable(self, seq: PagedSequence) -> tuple[int, int] | None:
+        """Make the page that position ``len(seq.ids)`` falls in (when it holds earlier positions too) writable by
+        ``seq`` alone. Returns (source page, new page) when it had to be copied (shared): the caller copies the keys
+        and values of its first ``len(seq.ids) % page_size`` positions; None when nothing is to copy.
+
+        Raises:
+            OutOfPages: a copy was needed and no page is left.
+        """
+        at = len(seq.ids) % self.page_size
+        if at == 0 or not seq.pages:
+            return None
+        j = len(seq.ids) // self.page_size
+        page = seq.pages[j]
+        if self.ref[page] > 1:
+            new = self.allocate()
+            self.decref(page)
+            seq.pages[j] = new
+            return page, new
+        self._unregister(page)  # alone: written in place, so its old block key no longer describes it,
+        self.generation[page] += 1  # nor does it parent the blocks registered after it any more
+        return None
+
+    def grow(self, seq: PagedSequence, length: int) -> None:
+        """Give ``seq`` pages for positions up to ``length`` - 1 (fresh pages; callers free space first).
+
+        Raises:
+            OutOfPages: no page left (the pages taken so far stay with ``seq``).
+        """
+        while len(seq.pages) * self.page_size < length:
+            seq.pages.append(self.allocate())
+
+    # -- prefix index ----------------------------------------------------------------------------------------------
+
+    def block_key(self, seq: PagedSequence, j: int) -> tuple | None:
+        """The registered key of ``seq``'s page j (j = -1: the root), or None when that page is not registered."""
+        if j < 0:
+            return ROOT_KEY
+        page = seq.pages[j]
+        key = self._key.get(page)
+        return None if key is None else (page, self.generation[page])
+
+    def lookup(self, parent: tuple, ids: tuple[int, ...]) -> int | None:
+        """The registered page holding block ``ids`` after the block keyed ``parent`` (a :meth:`block_key`), or
+        None."""
+        return self._index.get((parent, ids))
+
+    def register(self, seq: PagedSequence) -> None:
+        """Offer ``seq``'s full pages not yet offered to the prefix index (after a forward wrote them). A block
+        already registered under another page keeps that page; the chain then stops for this sequence's later
+        pages (they would not be reachable)."""
+        ps = self.page_size
+        full = len(seq.ids) // ps
+        while seq.registered < full:
+            j = seq.registered
+            parent = self.block_key(seq, j - 1)
+            page = seq.pages[j]
+            if page in self._key:  # adopted from the index (a prefix hit): registered already
+                seq.registered = j + 1
+                continue
+            if parent is None:
+                break
+            key = (parent, tuple(seq.ids[j * ps : (j + 1) * ps]))
+            if key in self._index:
+                break
+            self._index[key] = page
+            self._key[page] = key
+            seq.registered = j + 1
+
+    def _unregister(self, page: int) -> None:
+        key = self._key.pop(page, None)
+        if key is not None and self._index.get(key) == page:
+            del self._index[key]
+
+
+__all__ = ["TRASH_PAGE", "BlockManager", "OutOfPages", "PagedSequence"]
