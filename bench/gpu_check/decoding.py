@@ -15,7 +15,9 @@ differs between a 1-position and a k+1-position forward). Each model proposer mu
 number of predicted positions per step and, drafting every slot, exactly that many once it has hidden states. The
 heads' other published layouts (EAGLE-1 and Medusa as vLLM converts them, the MLP speculator as Arctic's
 ``ArcticMLPSpeculatorPreTrainedModel``) must draft what the served ones draft from the same states. Then the forward
-cost of 1-9 new positions on a 300-token cache (bfloat16 target), against one position.
+cost of 1-9 new positions on 300-token caches at batch 1 and 8 (target and early-exit draft), the KV pool and the CUDA
+graphs each model captured at load (none in CPU mode: the same code runs eagerly), and the forward's goals against the
+roofline (:func:`goals`).
 """
 
 from __future__ import annotations
@@ -104,7 +106,8 @@ def load_ensembles(ctx: Context, paths: dict, dtype: str) -> dict:
 
     hf_logging.disable_progress_bar()
 
-    common = {"device": ctx.device.type, "dtype": dtype, "max_sequences": "64"}
+    # 8 running sequences at most (the batches here): CUDA graphs captured for batches 1, 2, 4 and 8
+    common = {"device": ctx.device.type, "dtype": dtype, "max_sequences": "8"}
     # the draft LMs and the heads draft every slot (random weights are never confident: 0.3 would draft little)
     # tokenizer_path: the target's folder (no tokenizer in it, no guided rows here), not the embedded model's package
     suffix = {"suffix_backend": "python", "suffix_max_cached_requests": "64", "draft_min_token_prob": "0",
@@ -247,22 +250,128 @@ def make_prompts(n: int, length: int, vocab: int, seed: int = 6) -> list[list[in
     return prompts
 
 
-def forward_cost(ctx: Context, lm) -> dict:
-    """Milliseconds of one forward of ``lm`` (a :class:`spec_decode.engine.kv_cache.CachedCausalLM`) over n new
-    positions (:data:`FORWARD_NEW_POSITIONS`) on a :data:`FORWARD_CACHE`-token cache, median of ``ctx.sizes.reps``.
+def forward_cost(ctx: Context, lm, batches: Sequence[int] = (1, 8),
+                 positions: Sequence[int] = FORWARD_NEW_POSITIONS) -> dict:
+    """Milliseconds of one round of ``lm`` (a :class:`spec_decode.engine.kv_cache.CachedCausalLM`) over n new
+    positions per sequence (``positions``; batch 8: 1, 2, 5 and 9 of them) on :data:`FORWARD_CACHE`-token caches, for
+    ``batches`` sequences per round, median of ``ctx.sizes.reps``: what a captured round costs where one was
+    captured.
 
     Returns:
-        dict: cache_tokens, ms (n -> milliseconds), ratio_to_one (n -> ms / ms of n = 1).
+        dict: cache_tokens, ms (batch -> n -> milliseconds), ratio_to_one (batch -> n -> ms / ms of n = 1).
     """
     g = torch.Generator().manual_seed(7)
-    ids = torch.randint(3, lm.vocab_size, (FORWARD_CACHE + max(FORWARD_NEW_POSITIONS),), generator=g).tolist()
-    seq = 10**9
-    lm.logits(seq, ids[:FORWARD_CACHE], 1)
-    res = {}
-    for n in FORWARD_NEW_POSITIONS:  # the cache keeps the first FORWARD_CACHE tokens; each call recomputes n
-        res[n] = ctx.timed(partial(lm.logits, seq, ids[:FORWARD_CACHE + n], n), ctx.sizes.reps) * 1e3
-    lm.release(seq)
-    return {"cache_tokens": FORWARD_CACHE, "ms": res, "ratio_to_one": {n: res[n] / res[1] for n in res}}
+    top = max(positions)
+    ms: dict[int, dict[int, float]] = {}
+    for batch in batches:
+        seqs = [10**9 + j for j in range(batch)]
+        ids = [torch.randint(3, lm.vocab_size, (FORWARD_CACHE + top,), generator=g).tolist() for _ in seqs]
+        lm.logits_batch([(s, x[:FORWARD_CACHE], 1) for s, x in zip(seqs, ids)])
+        use = positions if batch == 1 else [n for n in positions if n in (1, 2, 5, 9)]
+        ms[batch] = {}
+        for n in use:  # the caches keep the first FORWARD_CACHE tokens; each round recomputes n per sequence
+            calls = [(s, x[: FORWARD_CACHE + n], n) for s, x in zip(seqs, ids)]
+            ms[batch][n] = ctx.timed(partial(lm.logits_batch, calls), ctx.sizes.reps) * 1e3
+        for s in seqs:
+            lm.release(s)
+    return {"cache_tokens": FORWARD_CACHE, "ms": ms,
+            "ratio_to_one": {b: {n: v / m[1] for n, v in m.items()} for b, m in ms.items()}}
+
+
+def sync_free(ctx: Context, lm) -> dict | None:
+    """Whether a warm round's forward makes no host synchronisation on CUDA: one eager forward and, where a shape was
+    captured, one graph replay of a batch-8 verification round (k = 4, 300-token caches), each under
+    ``torch.cuda.set_sync_debug_mode("error")`` (a synchronising call raises). None in CPU mode."""
+    if not ctx.cuda:
+        return None
+    from spec_decode.engine.paged_forward import pack_round, unpack_round
+
+    g = torch.Generator().manual_seed(8)
+    seqs = [2 * 10**9 + j for j in range(8)]
+    ids = [torch.randint(3, lm.vocab_size, (FORWARD_CACHE + 5,), generator=g).tolist() for _ in seqs]
+    lm.logits_batch([(s, x[:FORWARD_CACHE], 1) for s, x in zip(seqs, ids)])
+    rows = [lm._prepare(s, x, 5, set(seqs)).row for s, x in zip(seqs, ids)]
+    out = {}
+    for captured in (False, True):
+        shape, is_graph = lm.round_shape(rows)
+        if captured and not is_graph:
+            out["graph"] = "no captured shape"
+            continue
+        packed = pack_round(rows, shape, lm.block_size)
+        if not captured:
+            inputs = unpack_round(torch.from_numpy(packed).to(lm.device), shape)
+        torch.cuda.synchronize()
+        try:
+            torch.cuda.set_sync_debug_mode("error")
+            with torch.inference_mode():
+                if captured:
+                    graph, _ = lm.graphs._graphs[shape]
+                    graph.replay()
+                else:
+                    lm._forward_fn.run(inputs)
+            out["graph" if captured else "eager"] = "no synchronisation"
+        except RuntimeError as exc:
+            out["graph" if captured else "eager"] = f"synchronises: {exc}"
+            ctx.fail(f"decoding: the {'captured' if captured else 'eager'} forward synchronises with the host: {exc}")
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    for s in seqs:
+        lm.release(s)
+    return out
+
+
+def engine_report(lm) -> dict:
+    """What the engine built for ``lm`` at load: the KV pool (tokens, GiB) and the CUDA graphs captured (count,
+    seconds, MiB; none on a CPU or with ``cuda_graphs: off``)."""
+    graphs = lm.graphs
+    return {"pool_tokens": lm.max_tokens, "pool_GiB": lm.pool.nbytes / 2**30,
+            "graphs": None if graphs is None else {"captured": len(graphs), "seconds": graphs.capture_seconds,
+                                                   "MiB": graphs.capture_bytes / 2**20}}
+
+
+def weight_bytes(model) -> int:
+    """Bytes of weights one decoding forward reads: every distinct parameter but an input embedding that is not the LM
+    head (a lookup reads a row)."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel() * p.element_size()
+    emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    if emb is not head:
+        total -= emb.numel() * emb.element_size()
+    return total
+
+
+def goals(res: dict, copy_gb_s: float) -> dict:
+    """The issue's goals for the forward, from a decoding result: ``none`` at batch 1 against the roofline (the
+    target's weight bytes at the copy bandwidth measured in this run; >= 400 tokens/s in float32 and >= 650 in
+    bfloat16 on the H200), batch 8 over batch 1 (>= 6x), a 5-position forward over a 1-position one (<= 1.2x) and the
+    early-exit draft's forward over the target's (<= 0.2), per dtype. Reported, not failures (they are speed goals)."""
+    out: dict = {"copy_GB_per_s": copy_gb_s}
+    for dtype in ("float32", "bfloat16"):
+        runs = {(r["batch"], r["method"]): r for r in res["runs"] if r.get("dtype") == dtype and "skipped" not in r}
+        one, eight = runs.get((1, NO_SPECULATION)), runs.get((8, NO_SPECULATION))
+        f = res.get("forward_cost", {}).get(dtype)
+        wb = res.get("weight_bytes", {}).get(dtype)
+        g: dict = {}
+        if one and wb:
+            roofline = copy_gb_s * 1e9 / wb
+            g["none_batch1_tokens_per_s"] = one["tokens_per_s"]
+            g["roofline_tokens_per_s"] = roofline
+            g["fraction_of_roofline"] = one["tokens_per_s"] / roofline
+            g["none_batch1_goal"] = 400.0 if dtype == "float32" else 650.0
+            g["none_batch1_met"] = one["tokens_per_s"] >= g["none_batch1_goal"]
+        if one and eight:
+            g["batch8_over_batch1"] = eight["tokens_per_s"] / one["tokens_per_s"]
+            g["batch8_met"] = g["batch8_over_batch1"] >= 6.0
+        if f:
+            g["forward5_over_forward1"] = f["target"]["ratio_to_one"][1][5]
+            g["forward5_met"] = g["forward5_over_forward1"] <= 1.2
+            g["draft_over_target_forward"] = f["draft"]["ms"][1][1] / f["target"]["ms"][1][1]
+            g["draft_forward_met"] = g["draft_over_target_forward"] <= 0.2
+        out[dtype] = g
+    return out
 
 
 def speculator_layout(folder: Path) -> dict:
@@ -352,7 +461,9 @@ def decoding(ctx: Context, deadline: float, dtypes: Sequence[str] = ("float32", 
         layout -> its layout, from :mod:`.speculators`), runs (per dtype, batch and method: sequences, tokens,
         seconds, tokens_per_s, mean_tokens_per_step, acceptance_rate, drafts_per_step, drafts_cap,
         equal_to_plain_greedy, mismatched_sequences, and divergences where any; or skipped), layouts
-        (:func:`same_drafts`, float32) and forward_cost.
+        (:func:`same_drafts`, float32), engine (per dtype, target and draft LM: :func:`engine_report`), forward_cost
+        (per dtype: the target's and the early-exit draft's, :func:`forward_cost`), weight_bytes (per dtype) and
+        goals (:func:`goals`).
     """
     s = ctx.sizes
     folder = Path(tempfile.mkdtemp(prefix="gpu_check_models_"))
@@ -366,12 +477,19 @@ def decoding(ctx: Context, deadline: float, dtypes: Sequence[str] = ("float32", 
         res["note"] = ("random weights; speeds are overhead checks of the step path (transformers' eager forward is "
                        "bound by kernel launches at these sizes), not what a trained model would reach")
         warm = make_prompts(1, s.prompt_len, s.llama["vocab_size"], seed=99)
+        res["engine"], res["forward_cost"], res["weight_bytes"] = {}, {}, {}
         for dtype in dtypes:
             if time.perf_counter() > deadline:
                 res["runs"].append({"dtype": dtype, "skipped": "time budget"})
                 continue
             ens = load_ensembles(ctx, built["paths"], dtype)
             model = ens[NO_SPECULATION].target.lm.model
+            draft_lm = ens[DraftModelProposer.name].draft.proposers[DraftModelProposer.name].lm
+            res["engine"][dtype] = {"target": engine_report(ens[NO_SPECULATION].target.lm),
+                                    "draft": engine_report(draft_lm)}
+            res["weight_bytes"][dtype] = weight_bytes(model)
+            res["engine"][dtype]["sync_free"] = sync_free(ctx, ens[NO_SPECULATION].target.lm)
+            print(f"  {dtype:<9} engine: {res['engine'][dtype]}", flush=True)
             # warm-up: CUDA context, cuBLAS, every kernel specialization a method launches
             for method in DECODING_METHODS:
                 for batch in (1, 2):
@@ -410,12 +528,19 @@ def decoding(ctx: Context, deadline: float, dtypes: Sequence[str] = ("float32", 
                     res["layouts"] = same_drafts(ctx, built["paths"], dtype)
                 else:
                     res["runs"].append({"dtype": dtype, "method": "layouts", "skipped": "time budget"})
-            if dtype == "bfloat16" and time.perf_counter() < deadline:
-                res["forward_cost"] = forward_cost(ctx, ens[NO_SPECULATION].target.lm)
-                print(f"  forward cost (ms by new positions): {res['forward_cost']['ms']}", flush=True)
-            del ens, model
+            if time.perf_counter() < deadline:
+                res["forward_cost"][dtype] = {"target": forward_cost(ctx, ens[NO_SPECULATION].target.lm),
+                                              "draft": forward_cost(ctx, draft_lm, (1,), (1,))}
+                print(f"  {dtype:<9} forward ms (batch -> new positions -> ms): "
+                      f"{res['forward_cost'][dtype]['target']['ms']}, early-exit draft "
+                      f"{res['forward_cost'][dtype]['draft']['ms']}", flush=True)
+            del ens, model, draft_lm
             if ctx.cuda:
                 torch.cuda.empty_cache()
+        from .bandwidth import copy_bandwidth_gb_s
+
+        res["goals"] = goals(res, copy_bandwidth_gb_s(ctx, 1 << 30 if ctx.cuda else 1 << 26))
+        print(f"  goals: {res['goals']}", flush=True)
         return res
     finally:
         shutil.rmtree(folder, ignore_errors=True)

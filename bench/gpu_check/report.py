@@ -84,10 +84,29 @@ def table(result: dict) -> str:
         if d.get("layouts"):
             lines.append("  other layouts draft as the served heads: " + ", ".join(
                 f"{x['layout']} {x['equal']}" for x in d["layouts"]))
-        if "forward_cost" in d:
-            f = d["forward_cost"]
-            lines.append("  forward ms for 1..9 new positions: "
-                         + " ".join(f"{f['ms'][n]:.2f}" for n in FORWARD_NEW_POSITIONS))
+        for dtype, e in d.get("engine", {}).items():
+            g = e["target"]["graphs"]
+            pool = f"KV pool {e['target']['pool_tokens']} tokens ({e['target']['pool_GiB']:.2f} GiB)"
+            lines.append(f"  {dtype:<9} {pool}; "
+                         + ("CUDA graphs: none (eager)" if g is None else
+                            f"CUDA graphs: {g['captured']} captured in {g['seconds']:.1f} s, {g['MiB']:.0f} MiB"))
+        for dtype, f in d.get("forward_cost", {}).items():
+            t = f["target"]["ms"]
+            lines.append(f"  {dtype:<9} forward ms, batch 1, 1..9 new positions: "
+                         + " ".join(f"{t[1][n]:.2f}" for n in FORWARD_NEW_POSITIONS))
+            if 8 in t:
+                lines.append(f"  {dtype:<9} forward ms, batch 8, 1/2/5/9 new positions: "
+                             + " ".join(f"{v:.2f}" for v in t[8].values()))
+            lines.append(f"  {dtype:<9} early-exit draft forward ms, batch 1: {f['draft']['ms'][1][1]:.2f}")
+        for dtype in ("float32", "bfloat16"):
+            g = d.get("goals", {}).get(dtype) or {}
+            if "fraction_of_roofline" in g:
+                lines.append(f"  {dtype:<9} goals: none batch 1 {g['none_batch1_tokens_per_s']:.0f} tok/s = "
+                             f"{100 * g['fraction_of_roofline']:.0f}% of the roofline "
+                             f"({g['roofline_tokens_per_s']:.0f}; goal {g['none_batch1_goal']:.0f}: "
+                             f"{g['none_batch1_met']}), batch 8 / 1 {g.get('batch8_over_batch1', 0):.1f}x, "
+                             f"5 / 1 positions {g.get('forward5_over_forward1', 0):.2f}x, draft / target forward "
+                             f"{g.get('draft_over_target_forward', 0):.2f}")
     if result["failures"]:
         lines.append(f"{len(result['failures'])} failed checks, first: {result['failures'][0]}")
     return "\n".join(lines)

@@ -78,11 +78,11 @@ class CapturedForward:
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
                 for _ in range(2):  # warm-up: kernels chosen, workspaces allocated, outside the graph
-                    self.forward(**inputs)
+                    self.forward.run(inputs)
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                out = self.forward(**inputs)
+                out = self.forward.run(inputs)
             self._graphs[shape] = (graph, out)
         torch.cuda.synchronize(self.device)
         self.capture_seconds = time.perf_counter() - t0

@@ -21,6 +21,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,9 +30,20 @@ from .aux_states import AuxHiddenStates
 from .blocks import PrefixCacheStats, common_prefix_len
 from .kv_pool import KVPool, kv_shape
 from .lru import SequenceLRU
+from .paged_forward import (
+    BATCH_BUCKETS,
+    QUERY_BUCKETS,
+    PagedForward,
+    RoundRow,
+    RoundShape,
+    bucket,
+    pack_round,
+    unpack_round,
+)
 from .pages import BlockManager, OutOfPages, PagedSequence
-from .paged_forward import BATCH_BUCKETS, QUERY_BUCKETS, PagedForward, RoundRow, RoundShape, bucket, pack_round, \
-    unpack_round
+
+if TYPE_CHECKING:
+    from .cuda_graphs import CapturedForward
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +165,7 @@ class CachedCausalLM:
         self._forward_fn = PagedForward(model, self.pool, self._aux)
         self._seqs: SequenceLRU[PagedSequence] = SequenceLRU(max_sequences, on_evict=self._evicted)
         self._lock = threading.Lock()
-        self.graphs = None
+        self.graphs: CapturedForward | None = None
         if self.device.type == "cuda" and cuda_graphs == "auto":
             self._capture(max_sequences)
 
@@ -164,8 +176,13 @@ class CachedCausalLM:
         contexts = [c for c in GRAPH_CONTEXTS if c <= max(limit, GRAPH_CONTEXTS[0])]
         batches = [b for b in BATCH_BUCKETS if b <= bucket(max_sequences, BATCH_BUCKETS)]
         shapes = capture_shapes(batches, GRAPH_QUERIES, [-(-c // self.block_size) for c in contexts])
-        self.graphs = CapturedForward(self._forward_fn, shapes, self.device)
-        self.graphs.capture()
+        graphs = CapturedForward(self._forward_fn, shapes, self.device)
+        try:
+            graphs.capture()
+        except Exception:  # noqa: BLE001 - a model whose forward cannot be captured still serves, eagerly
+            logger.exception("CUDA graphs: capture failed; every round runs eagerly (cuda_graphs: off hides this)")
+            return
+        self.graphs = graphs
 
     # -- accounting ----------------------------------------------------------------------------------------------
 
@@ -328,7 +345,7 @@ class CachedCausalLM:
             flat = torch.from_numpy(packed)
             if self.device.type != "cpu":
                 flat = flat.pin_memory().to(self.device, non_blocking=True)
-            logits, hidden = self._forward_fn(**unpack_round(flat, shape), span=self._span(rows, shape))
+            logits, hidden = self._forward_fn.run(unpack_round(flat, shape), span=self._span(rows, shape))
         return [(logits[r, : row.n_logits], hidden[r, : row.n_logits]) for r, row in enumerate(rows)]
 
     def _span(self, rows: list[RoundRow], shape: RoundShape) -> tuple[int, int] | None:

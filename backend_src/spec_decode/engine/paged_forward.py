@@ -168,6 +168,11 @@ class PagedForward:
             hidden = self.aux.gather(hidden, out_index)
         return logits, hidden
 
+    def run(self, inputs: dict[str, torch.Tensor], span: tuple[int, int] | None = None):
+        """The call on a round's inputs by field name (:func:`unpack_round`)."""
+        return self(inputs["input_ids"], inputs["positions"], inputs["write_slots"], inputs["block_table"],
+                    inputs["seq_lens"], inputs["out_index"], span=span)
+
 
 __all__ = ["BATCH_BUCKETS", "FIELDS", "QUERY_BUCKETS", "PagedForward", "RoundRow", "RoundShape", "bucket",
            "pack_round", "unpack_round"]

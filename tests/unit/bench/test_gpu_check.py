@@ -40,7 +40,14 @@ def test_cpu_mode_runs_every_part_and_every_method_equals_plain_greedy(tmp_path)
     assert {r["method"] for r in runs} == set(DECODING_METHODS) and {"none", "draft", SELF} <= set(DECODING_METHODS)
     # The target drafting for itself: greedy drafts are its own argmax, so every one is accepted.
     assert all(r["acceptance_rate"] == 1.0 for r in runs if r["method"] == SELF)
-    assert len(res["parts"]["decoding"]["forward_cost"]["ms"]) == 9
+    dec = res["parts"]["decoding"]
+    for dtype in ("float32", "bfloat16"):
+        ms = dec["forward_cost"][dtype]["target"]["ms"]
+        assert len(ms["1"]) == 9 and list(ms["8"]) == ["1", "2", "5", "9"]  # JSON keys
+        assert dec["engine"][dtype]["target"]["graphs"] is None  # CPU mode: the same code, eagerly
+        goals = dec["goals"][dtype]
+        assert 0 < goals["fraction_of_roofline"] and goals["batch8_over_batch1"] > 0
+        assert 0 < goals["draft_over_target_forward"] < 1  # 2 of the target's 3 layers, the same LM head
     assert "PASSED" in proc.stdout and res["table"] in proc.stdout
 
 

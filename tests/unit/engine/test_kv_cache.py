@@ -9,7 +9,7 @@ import torch
 
 from spec_decode.engine.cuda_graphs import capture_shapes, smallest_shape
 from spec_decode.engine.kv_cache import CachedCausalLM, KVCacheFull
-from spec_decode.engine.paged_forward import RoundShape, pack_round, unpack_round
+from spec_decode.engine.paged_forward import FIELDS, RoundShape, pack_round, unpack_round
 
 
 def _full_logits(model, ids):
@@ -56,7 +56,7 @@ def test_batched_logits_equal_each_sequence_alone(tiny_lm, pad):
             calls.append((s, list(ids), rng.randint(1, min(len(ids), 5))))
         if rnd == 3:
             calls.append((9, [rng.randrange(97) for _ in range(20)], 2))  # a long prefill runs alone
-        for (s, ids, n), got in zip(calls, lm.logits_batch(calls)):
+        for (s, ids, _), got in zip(calls, lm.logits_batch(calls)):
             _close(got, tiny_lm, ids)
             assert lm.cached_ids(s) == ids
             assert not got.requires_grad  # no autograd graph kept alive by the caches (it grew without bound)
@@ -121,7 +121,7 @@ def test_batches_split_where_padding_would_more_than_double_the_cached_positions
         for ids in seqs.values():
             ids.append(rng.randrange(97))
         calls = [(s, list(ids), 1) for s, ids in seqs.items()]
-        for (_, ids, n), got in zip(calls, lm.logits_batch(calls)):
+        for (_, ids, _), got in zip(calls, lm.logits_batch(calls)):
             _close(got, tiny_lm, ids)
     # the three short ones share a forward; the 300-token one (4 x 302 - 546 = 662 padded slots > 256) runs alone
     assert sorted(len(x) for x in sizes) == [1, 1, 3, 3] and all(max(x) < 100 for x in sizes if len(x) == 3)
@@ -210,8 +210,8 @@ def test_the_forward_has_no_host_synchronisation(tiny_lm):
     inputs = unpack_round(torch.from_numpy(pack_round(rows, shape, lm.block_size)), shape)
     compiled = torch.compile(lm._forward_fn.__call__, fullgraph=True, backend="eager")
     with torch.inference_mode():
-        eager_logits, _ = lm._forward_fn(**inputs)
-        logits, hidden = compiled(**inputs)
+        eager_logits, _ = lm._forward_fn.run(inputs)
+        logits, hidden = compiled(*(inputs[f] for f in FIELDS))
     torch.testing.assert_close(logits, eager_logits)
     _close(logits[0, :4], tiny_lm, list(range(1, 20)) + [7, 8, 9])
     assert hidden.shape == (shape.batch, shape.outputs, tiny_lm.config.hidden_size)
