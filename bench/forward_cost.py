@@ -10,8 +10,8 @@ measured side by side):
    shape: the target's first 3 layers over an 8,192-token vocabulary, untrained; timing does not depend on weights), on
    300- and 1,500-token caches, for 1, 2, 3, 5, 9 and 17 new positions:
    - ``transformers``: the model as transformers runs it (``nn.Linear``, a DynamicCache cropped back after each call);
-   - ``engine``: what the server runs, :class:`spec_decode.engine.kv_cache.CachedCausalLM` (per-sequence KV buffers
-     written in place), through ``logits`` with the cached prefix.
+   - ``engine``: what the server runs, :class:`spec_decode.engine.kv_cache.CachedCausalLM` (pages of a paged KV pool,
+     rounds at padded static shapes), through ``logits`` with the cached prefix.
    Each as milliseconds (median), ratio to one position of the same variant, and ratio to the roofline (the bytes of
    the weights a forward reads, at the measured bandwidth).
 3. Batched rounds (engine, target): B = 1, 2, 4, 8 sequences on 300-token caches, each scoring k+1 = 1, 2, 3, 5, 9

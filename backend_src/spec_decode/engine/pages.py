@@ -82,6 +82,14 @@ class BlockManager:
 
     # -- pages ---------------------------------------------------------------------------------------------------
 
+    def add_pages(self, n: int) -> None:
+        """Pages ``num_pages .. num_pages + n - 1`` join the pool, free (the device pool grew to match)."""
+        new = range(self.num_pages + n - 1, self.num_pages - 1, -1)
+        self.ref += [0] * n
+        self.generation += [0] * n
+        self._free = list(new) + self._free  # under the stack's top: the old low pages still go out first
+        self.num_pages += n
+
     def allocate(self) -> int:
         """A page for one sequence to write (reference count 1): a free one, else the least recently used cached one
         (unregistered first).

@@ -23,7 +23,7 @@ from ..base import Proposal, ProposalRequest, Proposer, confident, draft_token
 from ..speculators.base import SpeculatorSettings, check_hidden_states, head_served, load_served_head, place_head
 from ..speculators.layouts import aux_hidden_state_layers
 from ..speculators.target import TargetInfo
-from .context import EagleContext
+from .context import EagleContext, HeadKV
 from .eagle3 import Eagle3Head, load_eagle3
 from .model import EagleHead
 from .published import load_eagle1
@@ -34,18 +34,18 @@ class EagleProposer(Proposer):
     EAGLE-1/2 head (:func:`~.published.load_eagle1`), its subclass :class:`Eagle3Proposer` an EAGLE-3 one.
 
     Each sequence keeps a context in the head (:class:`~.context.EagleContext`, LRU over ``max_sequences``): the keys
-    and values of its pairs, extended every step with the hidden states the step brings (those of the positions the
-    previous step accepted) and cut back to the pairs whose ids are still committed (a rollback). A context that lost
-    pairs (a new sequence, an eviction, a step that did not reach this instance) starts again at the first position
-    whose hidden state the step brings: it costs acceptance, never correctness. The first step of a sequence (no hidden
-    states yet) gets no drafts.
+    and values of its pairs in pages of the head's paged pool (:class:`~.context.HeadKV`), extended every step with
+    the hidden states the step brings (those of the positions the previous step accepted) and cut back to the pairs
+    whose ids are still committed (a rollback: a length change). A context that lost pairs (a new sequence, an
+    eviction, a step that did not reach this instance) starts again at the first position whose hidden state the step
+    brings: it costs acceptance, never correctness. The first step of a sequence (no hidden states yet) gets no drafts.
 
-    A round's sequences share each forward: their new pairs' projections and MLP run as one packed batch, each
-    attends over its own context. k is capped by the target's positions (:meth:`room`); a step stops drafting at the
-    first slot where (the product of its drafts' probabilities so far) x (the slot's top probability) falls below
-    ``min_token_prob``: the rule reads the distributions, never the sampled token, so rejection sampling stays exact.
-    A proposal's score is the sum of its drafts' running probabilities, the head's own estimate of the accepted count
-    (what hybrid compares with the suffix score).
+    A round's sequences share each forward: their new pairs' projections and MLP run as one packed batch, and one
+    attention runs over every row's pages. k is capped by the target's positions (:meth:`room`); a step stops drafting
+    at the first slot where (the product of its drafts' probabilities so far) x (the slot's top probability) falls
+    below ``min_token_prob``: the rule reads the distributions, never the sampled token, so rejection sampling stays
+    exact. A proposal's score is the sum of its drafts' running probabilities, the head's own estimate of the accepted
+    count (what hybrid compares with the suffix score).
 
     Args:
         model: the head (:class:`~.model.EagleHead` or :class:`~.eagle3.Eagle3Head`, on its device and dtype).
@@ -67,7 +67,12 @@ class EagleProposer(Proposer):
     def __init__(self, model: EagleHead | Eagle3Head, vocab: DraftVocab, min_token_prob: float = 0.0,
                  max_sequences: int = 64):
         self.model, self.vocab, self.min_token_prob = model, vocab, min_token_prob
-        self._contexts: SequenceLRU[EagleContext] = SequenceLRU(max_sequences)
+        self._kv: HeadKV | None = None  # the contexts' keys and values, built at the first forward (device, dtype)
+        self._contexts: SequenceLRU[EagleContext] = SequenceLRU(max_sequences, on_evict=self._evicted)
+
+    def _evicted(self, seq_id: int, ctx: EagleContext) -> None:
+        if self._kv is not None:
+            self._kv.release(ctx)
 
     @classmethod
     def configured(cls, settings: SpeculatorSettings) -> bool:
@@ -117,7 +122,9 @@ class EagleProposer(Proposer):
 
     def _forward(self, rows: list[tuple[EagleContext, torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
         """The layer over new pairs of several contexts (packed), each attending to its first ``length`` pairs and
-        causally to its new ones, whose keys and values are written after them (``length`` is left as it was).
+        causally to its new ones, whose keys and values are written after them in the head's pool (``length`` is left
+        as it was): one projection, one attention over every row's pages (:meth:`~.context.HeadKV.attend_rows`), one
+        MLP.
 
         Args:
             rows: per context, (ctx, z [T, H] the new pairs' inputs, positions [T]).
@@ -126,17 +133,13 @@ class EagleProposer(Proposer):
             per context, the outputs [T, H].
         """
         m = self.model
-        q, k, v = m.project(torch.cat([z for _, z, _ in rows])[None], torch.cat([p for _, _, p in rows])[None])
-        atts, at = [], 0
-        for ctx, z, _ in rows:
-            t, c = z.shape[0], ctx.length
-            ctx.write(c, k[0, :, at : at + t], v[0, :, at : at + t])
-            mask = torch.ones(t, c + t, dtype=torch.bool, device=z.device).tril(c)[None, None]
-            assert ctx.keys is not None and ctx.values is not None  # write() allocated them
-            atts.append(m.attend(q[:, :, at : at + t], ctx.keys[None, :, : c + t], ctx.values[None, :, : c + t], mask))
-            at += t
-        out = m.finish(torch.cat([z for _, z, _ in rows])[None], torch.cat(atts, 1))[0]
-        return list(out.split([z.shape[0] for _, z, _ in rows]))
+        z = torch.cat([z for _, z, _ in rows])[None]
+        q, k, v = m.project(z, torch.cat([p for _, _, p in rows])[None])
+        if self._kv is None:
+            self._kv = HeadKV(m.kv_heads, m.head_dim, k.dtype, k.device)
+        att = self._kv.attend_rows(m.attend, q, k, v, [(ctx, x.shape[0]) for ctx, x, _ in rows])
+        out = m.finish(z, att[None])[0]
+        return list(out.split([x.shape[0] for _, x, _ in rows]))
 
     def _extend(self, r: ProposalRequest, ctx: EagleContext) -> tuple[torch.Tensor, torch.Tensor]:
         """Cut ``ctx`` back to the pairs ``r`` still commits and return the inputs (z [T, H], positions [T]) of the
@@ -147,6 +150,8 @@ class EagleProposer(Proposer):
         held = min(common_prefix_len(ctx.ids, ids) - 1 - ctx.start, ctx.length, n - 1 - ctx.start)
         if ctx.length == 0 or held < 0 or ctx.start + held < first:  # pairs missing before the states: start over
             ctx.start, held = first, 0
+        if self._kv is not None:
+            self._kv.cut(ctx, held)
         ctx.length, ctx.ids = held, list(ids)
         lo = ctx.start + held
         dev = m.head.device
@@ -231,13 +236,16 @@ class EagleProposer(Proposer):
                 live, ctxs, running = [live[row] for row in keep], [ctxs[row] for row in keep], \
                     [running[row] for row in keep]
             for j, ctx in touched:  # drop the drafted pairs: only the committed ones stay
-                ctx.length = len(requests[j].token_ids) - 1 - ctx.start
+                assert self._kv is not None  # _take_in ran a forward
+                self._kv.cut(ctx, len(requests[j].token_ids) - 1 - ctx.start)
         return [Proposal(torch.tensor(d, dtype=torch.int64), torch.stack(r), sc) if d else Proposal.empty()
                 for d, r, sc in zip(drafts, rows, score)]
 
     def release(self, seq_id: int, final_token_ids: list[int] | None = None) -> None:
-        """Free the context of ``seq_id``."""
-        self._contexts.pop(seq_id)
+        """Free the context of ``seq_id`` (its pages go back to the head's pool)."""
+        ctx = self._contexts.pop(seq_id)
+        if ctx is not None:
+            self._evicted(seq_id, ctx)
 
     def gauges(self) -> dict[str, float]:
         """The head's contexts: sequences and positions held."""
