@@ -127,7 +127,9 @@ class HeadKV:
         vr = values.index_select(0, read).view(shape).transpose(1, 2)
         ragged = any(t != widest for _, t in rows)
         if ragged:  # pad each row's queries to the widest (padded ones read a zero row, their outputs are dropped)
-            qidx, keep, at = [], [], 0
+            qidx: list[int] = []
+            keep: list[int] = []
+            at = 0
             for r, (_, t) in enumerate(rows):
                 qidx += list(range(at, at + t)) + [q.shape[2]] * (widest - t)
                 keep += range(r * widest, r * widest + t)
