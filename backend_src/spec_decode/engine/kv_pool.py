@@ -2,9 +2,9 @@
 which a transformers decoder writes and reads them in one round (vLLM's paged KV cache, ``vllm/v1/worker/
 gpu_model_runner.py``'s slot mapping; the block manager is :mod:`.pages`).
 
-Layout: per layer, keys and values ``[num_pages x page_size, kv_heads, head_dim]`` (slot-major, as vLLM's pages: a
-round's scatter and gather move whole slots); position p of a sequence whose page
-list is ``pages`` is slot ``pages[p // page_size] x page_size + p % page_size``. A round's new keys and values go to
+Layout: per layer, keys and values ``[kv_heads, num_pages x page_size, head_dim]`` (head-major: a run of slots is a
+view in the layout the attention reads, contiguous per head); position p of a sequence whose page list is ``pages`` is
+slot ``pages[p // page_size] x page_size + p % page_size``. A round's new keys and values go to
 their slots with one ``index_copy_`` per layer (``write_slots``: padded rows and padded query columns write into the
 trash page, slot 0); the attention reads each row's slots ``0 .. L - 1`` gathered through its block table, positions
 past the row's length redirected to slot 0, so nothing reads a slot no forward wrote and masked keys are finite (a
@@ -39,7 +39,7 @@ def kv_shape(config) -> tuple[int, int, int]:
 class KVPool:
     """Keys and values of every layer in ``num_pages`` pages of ``page_size`` slots.
 
-    One tensor ``[layers, 2, num_pages x page_size, kv_heads, head_dim]`` allocated uninitialised (on a CPU a large
+    One tensor ``[layers, 2, kv_heads, num_pages x page_size, head_dim]`` allocated uninitialised (on a CPU a large
     allocation is mapped lazily: memory is taken as pages are first written), the trash page zeroed.
 
     Args:
@@ -53,9 +53,9 @@ class KVPool:
                  dtype: torch.dtype, device: torch.device):
         self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
         self.num_pages, self.page_size = num_pages, page_size
-        self.data = torch.empty((layers, 2, num_pages * page_size, kv_heads, head_dim), dtype=dtype, device=device)
-        self.data[:, :, TRASH_PAGE * page_size : (TRASH_PAGE + 1) * page_size] = 0
-        self.keys = [self.data[i, 0] for i in range(layers)]  # per layer [slots, kv_heads, head_dim] views
+        self.data = torch.empty((layers, 2, kv_heads, num_pages * page_size, head_dim), dtype=dtype, device=device)
+        self.data[:, :, :, TRASH_PAGE * page_size : (TRASH_PAGE + 1) * page_size] = 0
+        self.keys = [self.data[i, 0] for i in range(layers)]  # per layer [kv_heads, slots, head_dim] views
         self.values = [self.data[i, 1] for i in range(layers)]
 
     @property
@@ -67,7 +67,22 @@ class KVPool:
         """Copy the first ``n`` slots of page ``src`` into page ``dst``, every layer (copy-on-write of a shared
         page)."""
         ps = self.page_size
-        self.data[:, :, dst * ps : dst * ps + n] = self.data[:, :, src * ps : src * ps + n]
+        self.data[:, :, :, dst * ps : dst * ps + n] = self.data[:, :, :, src * ps : src * ps + n]
+
+    def slots(self) -> int:
+        """Slots per layer (pages x page size)."""
+        return self.data.shape[3]
+
+    @staticmethod
+    def write(store: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
+        """Write ``x`` [kv_heads, n, D] into slots ``slots`` [n] of ``store`` (a layer's keys or values)."""
+        store.index_copy_(1, slots, x.to(store.dtype))
+
+    @staticmethod
+    def gather(store: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Rows of slots ``slots`` [R, L] of ``store``: [R, kv_heads, L, D]."""
+        r, length = slots.shape
+        return store.index_select(1, slots.reshape(-1)).view(store.shape[0], r, length, -1).transpose(0, 1)
 
 
 class PagedCache:
@@ -100,15 +115,14 @@ class PagedCache:
             end = start + length
             out = []
             for store, x in zip(stores, (key_states, value_states)):
-                store[end - q : end] = x[0].transpose(0, 1)
-                out.append(store[start:end].unsqueeze(0).transpose(1, 2))
+                store[:, end - q : end] = x[0]
+                out.append(store[None, :, start:end])
             return out[0], out[1]
         assert self.read_slots is not None
-        flat = self.read_slots.reshape(-1)
         out = []
         for store, x in zip(stores, (key_states, value_states)):
-            store.index_copy_(0, self.write_slots, x.transpose(1, 2).reshape(b * q, h, d))
-            out.append(store.index_select(0, flat).view(b, -1, h, d).transpose(1, 2))
+            KVPool.write(store, self.write_slots, x.transpose(0, 1).reshape(h, b * q, d))
+            out.append(KVPool.gather(store, self.read_slots))
         return out[0], out[1]
 
 

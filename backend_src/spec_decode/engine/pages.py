@@ -61,7 +61,11 @@ class BlockManager:
         self.num_pages, self.page_size = num_pages, page_size
         self.ref = [0] * num_pages
         self.generation = [0] * num_pages  # bumped at every reallocation: a key naming an old page never matches
-        self._free = list(range(num_pages - 1, TRASH_PAGE, -1))  # a stack: low pages first, freed pages reused first
+        # free pages: a stack (low pages first, freed pages reused first) with lazy deletion, a page taken out of
+        # turn (allocate's ``after``) stays in it until popped; is_free says which entries still hold
+        self._free = list(range(num_pages - 1, TRASH_PAGE, -1))
+        self._is_free = [False] + [True] * (num_pages - 1)
+        self._n_free = num_pages - 1
         self._cached: OrderedDict[int, None] = OrderedDict()  # ref 0, registered: evictable, least recently used first
         self._index: dict[tuple, int] = {}  # block key -> page
         self._key: dict[int, tuple] = {}  # page -> its block key (registered pages)
@@ -70,11 +74,11 @@ class BlockManager:
 
     def free_pages(self) -> int:
         """Pages that :meth:`allocate` can hand out now without evicting a sequence (free and cached)."""
-        return len(self._free) + len(self._cached)
+        return self._n_free + len(self._cached)
 
     def used_pages(self) -> int:
         """Pages referenced by a sequence or cached for prefix reuse (what a token budget bounds)."""
-        return self.num_pages - 1 - len(self._free)
+        return self.num_pages - 1 - self._n_free
 
     def cached_pages(self) -> int:
         """Registered pages no sequence references (kept for prefix reuse)."""
@@ -87,18 +91,31 @@ class BlockManager:
         new = range(self.num_pages + n - 1, self.num_pages - 1, -1)
         self.ref += [0] * n
         self.generation += [0] * n
+        self._is_free += [True] * n
         self._free = list(new) + self._free  # under the stack's top: the old low pages still go out first
+        self._n_free += n
         self.num_pages += n
 
-    def allocate(self) -> int:
-        """A page for one sequence to write (reference count 1): a free one, else the least recently used cached one
-        (unregistered first).
+    def allocate(self, after: int | None = None) -> int:
+        """A page for one sequence to write (reference count 1): page ``after + 1`` when it is free (a sequence's
+        pages then follow each other, and one row's keys are read as a view of the pool, :class:`~.kv_pool.
+        PagedCache`), else a free one, else the least recently used cached one (unregistered first).
 
         Raises:
             OutOfPages: none is free or cached.
         """
-        if self._free:
-            page = self._free.pop()
+        page = -1
+        if after is not None and after + 1 < self.num_pages and self._is_free[after + 1]:
+            page = after + 1  # its entry in the stack is skipped when popped
+        elif self._n_free > 1:
+            page = self._roomiest()
+        while page < 0 and self._free:
+            top = self._free.pop()
+            if self._is_free[top]:
+                page = top
+        if page >= 0:
+            self._is_free[page] = False
+            self._n_free -= 1
         elif self._cached:
             page, _ = self._cached.popitem(last=False)
             self._unregister(page)
@@ -107,6 +124,20 @@ class BlockManager:
         self.ref[page] = 1
         self.generation[page] += 1
         return page
+
+    def _roomiest(self) -> int:
+        """The free page that starts a new run of a sequence's pages with the most room on both sides: the middle of
+        the longest run of free pages (the sequence before the run keeps growing into its first half, the new one into
+        its second). A scan of the pool, made only when a sequence cannot follow on from its last page."""
+        best, best_at, run = 0, -1, 0
+        for p in range(1, self.num_pages + 1):
+            if p < self.num_pages and self._is_free[p]:
+                run += 1
+                continue
+            if run > best:
+                best, best_at = run, p - run + run // 2
+            run = 0
+        return best_at
 
     def incref(self, page: int) -> None:
         """One more sequence holds ``page`` (a cached page is taken out of the evictable set)."""
@@ -123,6 +154,12 @@ class BlockManager:
             self._cached[page] = None
         else:
             self._free.append(page)
+            self._is_free[page] = True
+            self._n_free += 1
+            if len(self._free) > 2 * self.num_pages:  # stale entries (pages taken out of turn): keep each free page's
+                seen: set[int] = set()  # topmost entry, in stack order
+                top_first = [p for p in reversed(self._free) if self._is_free[p] and not (p in seen or seen.add(p))]
+                self._free = top_first[::-1]
 
     def release(self, seq: PagedSequence) -> None:
         """Drop every page of ``seq`` (the last ones first, so that a later sequence gets the first ones back first)."""
@@ -157,7 +194,7 @@ class BlockManager:
         j = len(seq.ids) // self.page_size
         page = seq.pages[j]
         if self.ref[page] > 1:
-            new = self.allocate()
+            new = self.allocate(after=seq.pages[j - 1] if j else None)
             self.decref(page)
             seq.pages[j] = new
             return page, new
@@ -172,7 +209,7 @@ class BlockManager:
             OutOfPages: no page left (the pages taken so far stay with ``seq``).
         """
         while len(seq.pages) * self.page_size < length:
-            seq.pages.append(self.allocate())
+            seq.pages.append(self.allocate(after=seq.pages[-1] if seq.pages else None))
 
     # -- prefix index ----------------------------------------------------------------------------------------------
 

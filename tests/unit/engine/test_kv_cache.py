@@ -83,7 +83,7 @@ def test_padded_rows_write_only_the_trash_page(tiny_lm):
     for s, ids, _ in calls:
         assert a._seqs[s].pages == b._seqs[s].pages
         slots = [a._seqs[s].pages[p // ps] * ps + p % ps for p in range(len(ids))]
-        torch.testing.assert_close(a.pool.data[:, :, slots], b.pool.data[:, :, slots], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(a.pool.data[:, :, :, slots], b.pool.data[:, :, :, slots], atol=1e-6, rtol=1e-5)
     assert b.round_shape([b._prepare(9, [1, 2, 3], 1, {9}).row])[0].query == 3
 
 

@@ -52,7 +52,7 @@ class HeadKV:
     def _double(self) -> None:
         old = self.pool
         self.pool = KVPool(1, self.kv_heads, self.head_dim, 2 * old.num_pages, PAGE_SIZE, self.dtype, self.device)
-        self.pool.data[:, :, : old.data.shape[2]] = old.data
+        self.pool.data[:, :, :, : old.slots()] = old.data
         self.blocks.add_pages(old.num_pages)
 
     def reserve(self, ctx: EagleContext, length: int) -> None:
@@ -108,23 +108,21 @@ class HeadKV:
             lengths.append((c, t))
         keys, values = self.pool.keys[0], self.pool.values[0]
         write_t = torch.tensor(write, device=dev)
-        keys.index_copy_(0, write_t, k[0].transpose(0, 1).to(keys.dtype))
-        values.index_copy_(0, write_t, v[0].transpose(0, 1).to(values.dtype))
+        KVPool.write(keys, write_t, k[0])
+        KVPool.write(values, write_t, v[0])
         heads, d = q.shape[1], q.shape[3]
         if n_rows == 1 and table[0] == list(range(table[0][0], table[0][0] + width)):  # one row, pages in order:
             c, t = lengths[0]  # a view of the pool, no gather (the engine's span, kv_pool.PagedCache)
             first = table[0][0] * PAGE_SIZE
-            kr, vr = (x[first : first + c + t].unsqueeze(0).transpose(1, 2) for x in (keys, values))
+            kr, vr = (x[None, :, first : first + c + t] for x in (keys, values))
             mask = torch.ones(t, c + t, dtype=torch.bool, device=dev).tril(c)[None, None]
             return attend(q.view(1, heads, t, d), kr, vr, mask).reshape(t, -1)
         sizes = torch.tensor(lengths, device=dev)
         past, ends = sizes[:, 0], sizes.sum(1)
         cols = torch.arange(longest, device=dev)
         read = torch.tensor(table, device=dev)[:, cols // PAGE_SIZE] * PAGE_SIZE + cols % PAGE_SIZE  # [R, L]
-        read = read.masked_fill(cols[None] >= ends[:, None], TRASH_PAGE * PAGE_SIZE).reshape(-1)
-        shape = (n_rows, longest, self.kv_heads, self.head_dim)
-        kr = keys.index_select(0, read).view(shape).transpose(1, 2)
-        vr = values.index_select(0, read).view(shape).transpose(1, 2)
+        read = read.masked_fill(cols[None] >= ends[:, None], TRASH_PAGE * PAGE_SIZE)
+        kr, vr = KVPool.gather(keys, read), KVPool.gather(values, read)
         ragged = any(t != widest for _, t in rows)
         if ragged:  # pad each row's queries to the widest (padded ones read a zero row, their outputs are dropped)
             qidx: list[int] = []
