@@ -157,9 +157,8 @@ class BlockManager:
             self._is_free[page] = True
             self._n_free += 1
             if len(self._free) > 2 * self.num_pages:  # stale entries (pages taken out of turn): keep each free page's
-                seen: set[int] = set()  # topmost entry, in stack order
-                top_first = [p for p in reversed(self._free) if self._is_free[p] and not (p in seen or seen.add(p))]
-                self._free = top_first[::-1]
+                self._free = list(dict.fromkeys(reversed(self._free)))[::-1]  # topmost entry, in stack order
+                self._free = [p for p in self._free if self._is_free[p]]
 
     def release(self, seq: PagedSequence) -> None:
         """Drop every page of ``seq`` (the last ones first, so that a later sequence gets the first ones back first)."""
