@@ -9,14 +9,17 @@ sequences whose leading tokens are the same. A full page is **registered** under
 before it, its ``page_size`` token ids): a chain over the token ids from the sequence's start, as vLLM's prefix hash,
 compared exactly (a dict key, not a hash alone). A page whose last reference goes stays registered and **cached**
 (least recently used first out) until the pool needs it, so a later request with the same prefix reuses it; a page
-that is written again is first unregistered (or, when shared, copied: **copy-on-write**). Pure Python, no torch: the
-device side is :mod:`.kv_pool`.
+that is written again is first unregistered (or, when shared, copied: **copy-on-write**). A sequence's pages are kept
+in order where they can be (its next page follows its last when free; a new run starts in the middle of the roomiest
+free run), so one row's keys are a view of the pool. Host-side only, no torch: the device side is :mod:`.kv_pool`.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+
+import numpy as np
 
 TRASH_PAGE = 0
 ROOT_KEY = (-1, -1)  # the parent of a sequence's first block
@@ -64,7 +67,8 @@ class BlockManager:
         # free pages: a stack (low pages first, freed pages reused first) with lazy deletion, a page taken out of
         # turn (allocate's ``after``) stays in it until popped; is_free says which entries still hold
         self._free = list(range(num_pages - 1, TRASH_PAGE, -1))
-        self._is_free = [False] + [True] * (num_pages - 1)
+        self._is_free = np.ones(num_pages, dtype=bool)
+        self._is_free[TRASH_PAGE] = False
         self._n_free = num_pages - 1
         self._cached: OrderedDict[int, None] = OrderedDict()  # ref 0, registered: evictable, least recently used first
         self._index: dict[tuple, int] = {}  # block key -> page
@@ -91,7 +95,7 @@ class BlockManager:
         new = range(self.num_pages + n - 1, self.num_pages - 1, -1)
         self.ref += [0] * n
         self.generation += [0] * n
-        self._is_free += [True] * n
+        self._is_free = np.concatenate([self._is_free, np.ones(n, dtype=bool)])
         self._free = list(new) + self._free  # under the stack's top: the old low pages still go out first
         self._n_free += n
         self.num_pages += n
@@ -129,15 +133,12 @@ class BlockManager:
         """The free page that starts a new run of a sequence's pages with the most room on both sides: the middle of
         the longest run of free pages (the sequence before the run keeps growing into its first half, the new one into
         its second). A scan of the pool, made only when a sequence cannot follow on from its last page."""
-        best, best_at, run = 0, -1, 0
-        for p in range(1, self.num_pages + 1):
-            if p < self.num_pages and self._is_free[p]:
-                run += 1
-                continue
-            if run > best:
-                best, best_at = run, p - run + run // 2
-            run = 0
-        return best_at
+        edges = np.diff(np.concatenate([[False], self._is_free[1:], [False]]).astype(np.int8))
+        starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)  # run i: pages starts[i]+1 .. ends[i]
+        if not len(starts):
+            return -1
+        i = int(np.argmax(ends - starts))
+        return int(starts[i] + 1 + (ends[i] - starts[i]) // 2)
 
     def incref(self, page: int) -> None:
         """One more sequence holds ``page`` (a cached page is taken out of the evictable set)."""
