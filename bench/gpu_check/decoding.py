@@ -38,6 +38,7 @@ from spec_decode.proposers.registry import METHODS
 from spec_decode.protocol import NO_SPECULATION, StepInputs
 from spec_decode.sampling import SamplingParams
 
+from ..forward_cost import weight_bytes
 from .context import FORWARD_CACHE, FORWARD_NEW_POSITIONS, K_DECODE, Context
 from .speculators import ALTERNATIVES, N_PREDICT, SERVED
 
@@ -329,20 +330,6 @@ def engine_report(lm) -> dict:
                                                    "MiB": graphs.capture_bytes / 2**20}}
 
 
-def weight_bytes(model) -> int:
-    """Bytes of weights one decoding forward reads: every distinct parameter but an input embedding that is not the LM
-    head (a lookup reads a row)."""
-    seen, total = set(), 0
-    for p in model.parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            total += p.numel() * p.element_size()
-    emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
-    if emb is not head:
-        total -= emb.numel() * emb.element_size()
-    return total
-
-
 def goals(res: dict, copy_gb_s: float) -> dict:
     """The issue's goals for the forward, from a decoding result: ``none`` at batch 1 against the roofline (the
     target's weight bytes at the copy bandwidth measured in this run; >= 400 tokens/s in float32 and >= 650 in
@@ -462,8 +449,8 @@ def decoding(ctx: Context, deadline: float, dtypes: Sequence[str] = ("float32", 
         seconds, tokens_per_s, mean_tokens_per_step, acceptance_rate, drafts_per_step, drafts_cap,
         equal_to_plain_greedy, mismatched_sequences, and divergences where any; or skipped), layouts
         (:func:`same_drafts`, float32), engine (per dtype, target and draft LM: :func:`engine_report`), forward_cost
-        (per dtype: the target's and the early-exit draft's, :func:`forward_cost`), weight_bytes (per dtype) and
-        goals (:func:`goals`).
+        (per dtype: the target's and the early-exit draft's, :func:`forward_cost`), weight_bytes (per dtype,
+        :func:`bench.forward_cost.weight_bytes`) and goals (:func:`goals`).
     """
     s = ctx.sizes
     folder = Path(tempfile.mkdtemp(prefix="gpu_check_models_"))
