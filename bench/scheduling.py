@@ -397,8 +397,8 @@ def print_tables(mixed: dict, prefix: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     """CLI: run both parts on three servers (one at a time), print the tables and goals, save JSON."""
     from client.datasets import humaneval_prompts
-    from spec_decode.engine.kv_cache import common_prefix_len
     from spec_decode.engine.model_loading import load_tokenizer, prepare_default_model
+    from spec_decode.sequences import common_prefix_len
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", type=int, default=4, help="running streams in part 1")

@@ -10,11 +10,14 @@ and commits :class:`StepResult`; a transport runs the step (in process: :mod:`sp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .processors import ProcessorSpec, TokenLogprobs
 from .sampling import SamplingParams
+
+if TYPE_CHECKING:  # the step's types name them; the contract itself imports no subpackage
+    from .processors import ProcessorSpec, TokenLogprobs
 
 NO_SPECULATION = "none"  # the speculative_method of plain decoding: no proposer, k = 0
 AUTO = "auto"  # the speculative_method that lets the server choose the proposer and k per step (spec_decode.auto)

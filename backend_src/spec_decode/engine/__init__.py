@@ -1,1 +1,1 @@
-"""The engine: causal LMs with per-sequence KV caches (LRU), the scorer, model loading, surgery, draft vocabularies."""
+"""The engine: causal LMs over a paged KV pool, the scorer, model loading, surgery, draft vocabularies."""

@@ -2,7 +2,7 @@
 
 The target's and the draft LM's KV caches index their blocks by it (:mod:`.kv_cache`), and generate's chunked prefill
 uses it to know which prompt blocks the target already holds (:class:`spec_decode.chunked_prefill.PrefixTracker`).
-Also the prefix helpers the caches share (:func:`common_prefix_len`, :class:`PrefixCacheStats`). No torch here:
+Also prefix caching's counters (:class:`PrefixCacheStats`). No torch here:
 generate imports it.
 """
 
@@ -33,15 +33,6 @@ def block_hashes(token_ids: Sequence[int], block_size: int, start: int = 0, prev
         h = hash((h, tuple(token_ids[b * block_size : (b + 1) * block_size])))
         out.append(h)
     return out
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 @dataclass

@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..sequences import SequenceLRU, common_prefix_len
 from ..settings import InvalidInputError
 from .aux_states import AuxHiddenStates
-from .blocks import PrefixCacheStats, common_prefix_len
+from .blocks import PrefixCacheStats
 from .kv_pool import KVPool, kv_shape
-from .lru import SequenceLRU
 from .paged_forward import (
     BATCH_BUCKETS,
     QUERY_BUCKETS,

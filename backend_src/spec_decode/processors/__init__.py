@@ -4,7 +4,8 @@
 :mod:`.grammar` the structured-output matchers, :mod:`.logprobs` the emitted and prompt tokens' log-probs.
 """
 
-from .core import GUIDE_TYPES, LOGPROBS_MODES, MAX_TOP_LOGPROBS, ProcessorSpec, parse_spec, process_logits
+from .core import LOGPROBS_MODES, MAX_TOP_LOGPROBS, ProcessorSpec, parse_spec, process_logits
+from .grammar import GUIDE_TYPES
 from .logprobs import TokenLogprobs, logprob_arrays, step_logprobs, token_logprobs
 
 __all__ = ["GUIDE_TYPES", "LOGPROBS_MODES", "MAX_TOP_LOGPROBS", "ProcessorSpec", "TokenLogprobs", "logprob_arrays",

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..settings import InvalidInputError, in_range
+from .grammar import GUIDE_TYPES
 
 if TYPE_CHECKING:
     from .grammar import GrammarCache
@@ -42,7 +43,6 @@ MAX_STOP_IDS = 64
 PRESENCE_FREQUENCY_RANGE = (-2.0, 2.0)  # OpenAI's and vLLM's range
 MAX_REPETITION_PENALTY = 10.0
 LOGPROBS_MODES = ("raw", "processed")  # vLLM's logprobs_mode names (raw_logprobs / processed_logprobs)
-GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")  # TensorRT-LLM's guided_decoding_guide_type values
 
 
 @dataclass(frozen=True)

@@ -28,14 +28,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..engine.blocks import common_prefix_len
-from ..engine.lru import SequenceLRU
+from ..sequences import SequenceLRU, common_prefix_len
 from ..settings import InvalidInputError
-from .core import GUIDE_TYPES  # TensorRT-LLM's guided_decoding_guide_type values
 
 if TYPE_CHECKING:
     import llguidance
 
+GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")  # TensorRT-LLM's guided_decoding_guide_type values
 MAX_GUIDE_CHARS = 65536
 ANY_JSON = '{"type": "object"}'  # guide type "json" with an empty guide: any JSON object (OpenAI's JSON mode)
 _TYPE_FIELD = "guided_decoding_guide_type"
@@ -149,7 +148,7 @@ class _State:
 class GrammarCache:
     """Per-sequence grammar matchers of one process (target_model's and draft_model's), kept as every cache here is.
 
-    A :class:`~spec_decode.engine.lru.SequenceLRU` of at most ``max_sequences`` matchers. A matcher's state is synced
+    A :class:`~spec_decode.sequences.SequenceLRU` of at most ``max_sequences`` matchers. A matcher's state is synced
     to the ids it is given by longest common prefix: rolled back after a rejection, rebuilt from the committed ids on
     a miss, on a new guide for the sequence, or when the rollback would pass ``max_rollback`` tokens (llguidance itself
     rolls back any number; the bound keeps a resync's cost that of a fresh walk at most). Compiled grammars are

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import torch
 
-from ...engine.blocks import common_prefix_len
 from ...engine.draft_vocab import DraftVocab
-from ...engine.lru import SequenceLRU
 from ...sampling import NoisePurpose
+from ...sequences import SequenceLRU, common_prefix_len
 from ...settings import InvalidInputError
 from ..base import Proposal, ProposalRequest, Proposer, confident, draft_token
 from ..speculators.base import SpeculatorSettings, check_hidden_states, head_served, load_served_head, place_head

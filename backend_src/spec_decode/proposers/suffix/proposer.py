@@ -10,7 +10,7 @@ import logging
 import math
 from dataclasses import dataclass
 
-from ...engine.lru import SequenceLRU
+from ...sequences import SequenceLRU
 from ...settings import ConfigSettings, InvalidInputError, in_range
 from ..base import Proposal, ProposalRequest, Proposer
 from .cache import BACKENDS, SuffixDraft, make_cache

@@ -1,8 +1,8 @@
-"""spec_decode.engine.lru: per-sequence state, least recently used evicted first, eviction reported."""
+"""spec_decode.sequences: per-sequence state (least recently used out first, eviction reported), common prefixes."""
 
 import pytest
 
-from spec_decode.engine.lru import SequenceLRU
+from spec_decode.sequences import SequenceLRU
 
 
 def test_get_creates_marks_used_and_evicts_the_least_recently_used():
@@ -43,3 +43,11 @@ def test_put_of_a_known_id_replaces_it_as_most_recently_used():
 def test_capacity_below_one_is_refused():
     with pytest.raises(ValueError, match="capacity must be >= 1"):
         SequenceLRU(0)
+
+
+def test_common_prefix_len():
+    from spec_decode.sequences import common_prefix_len
+
+    assert common_prefix_len([1, 2, 3], [1, 2, 4, 5]) == 2
+    assert common_prefix_len([], [1]) == 0
+    assert common_prefix_len([7, 8], [7, 8]) == 2

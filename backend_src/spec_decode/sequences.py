@@ -1,9 +1,13 @@
-"""Per-sequence state kept least-recently-used first: every cache here (KV caches, EAGLE contexts, suffix trees)."""
+"""Per-sequence state shared by the engine, the proposers and the processors: :class:`SequenceLRU` (every
+per-sequence cache here: KV caches, EAGLE contexts, suffix trees, grammar matchers, least recently used first out) and
+:func:`common_prefix_len` (how much of a cached sequence a new call's token ids keep). Depends on nothing in the
+package, so every subpackage may import it.
+"""
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Generic, TypeVar
 
 V = TypeVar("V")
@@ -76,3 +80,12 @@ class SequenceLRU(Generic[V]):
     def pop(self, seq_id: int) -> V | None:
         """Remove and return the value of ``seq_id`` (None when absent); ``on_evict`` is not called."""
         return self._items.pop(seq_id, None)
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
