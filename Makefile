@@ -11,9 +11,10 @@
 #               generate extension and the OpenAI frontend's /v1/completions and /v1/chat/completions;
 #               disable_by_batch_size; in-process transformers generate / prompt lookup / assisted generation; JSON +
 #               PNG + goals), a repeated HumanEval workload (two passes) through a fresh server per method with the
-#               speed goals, the forward cost against new positions (target and draft LM, with the roofline), the
-#               draft's cost, suffix decoding's cache at 10,000 cached responses, the verifier (torch here; Triton
-#               kernels where CUDA is available), then the logits processors' cost per step (every one on against
+#               speed goals, a served round's stage breakdown (none and suffix at concurrency 1 and 8), the forward
+#               cost against new positions (target and draft LM, with the roofline), the draft's cost, suffix
+#               decoding's cache at 10,000 cached responses, the verifier (torch here; Triton kernels where CUDA is
+#               available), then the logits processors' cost per step (every one on against
 #               off) and the grammar mask, and last the scheduling through three servers (streams' stalls and a long
 #               prompt's TTFT with chunked prefill on and off; TTFT of a repeated 1,000-token prefix with prefix
 #               caching on and off), and the OpenAI layer's own cost (tokens/s and TTFT through /v1/completions
@@ -66,6 +67,7 @@ bench: $(STAMP)
 	bash scripts/setup_bench.sh
 	$(PY) -m bench.serving --output results/serving.json
 	$(PY) -m client.bench --output results/bench.json
+	$(PY) -m bench.round_stages --output results/round_stages.json
 	$(PY) -m bench.forward_cost --output results/forward_cost.json
 	$(PY) -m bench.greedy_agreement --output results/greedy_agreement.json
 	$(PY) -m bench.draft_cost --output results/draft_cost.json

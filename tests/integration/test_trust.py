@@ -96,6 +96,17 @@ def test_metrics_count_what_the_client_received(server):
                          ("spec_decode_score_seconds_total", {}), ("spec_decode_verify_seconds_total", {})):
         assert value(after, name, **labels) > value(before, name, **labels), name
     assert value(after, "spec_decode_suffix_cached_responses") >= 1  # the suffix response joined the global tree
+    # the round's stage breakdown (bench.round_stages): generate's stages and every step model's tensor I/O moved
+    assert value(after, "spec_decode_rounds_total") - value(before, "spec_decode_rounds_total") >= sum(
+        g["num_steps"] for g in got.values())
+    for stage in ("plan", "build_request", "ensemble", "parse_response", "between_rounds"):
+        moved = (value(after, "spec_decode_round_seconds_total", stage=stage)
+                 - value(before, "spec_decode_round_seconds_total", stage=stage))
+        assert moved > 0, stage
+    for model in ("draft_model", "target_model", "verifier"):
+        for stage in ("decode_inputs", "encode_outputs"):
+            name = f"spec_decode_{model}_io_seconds_total"
+            assert value(after, name, stage=stage) > value(before, name, stage=stage), (model, stage)
     assert value(after, "spec_decode_target_kv_cache_tokens") == value(after, "spec_decode_draft_kv_cache_tokens") == 0
 
 

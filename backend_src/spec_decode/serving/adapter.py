@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import traceback
 
 import numpy as np
@@ -182,7 +183,11 @@ def execute(backend, requests, pb_utils) -> list:
     Returns:
         one ``pb_utils.InferenceResponse`` per request, in order: its outputs, or an error response (INVALID_ARG for
         a ValueError, INTERNAL otherwise, logged with its traceback).
+
+    A backend with ``IO_METRIC`` (a counter name) and ``metrics`` gets the seconds spent reading the request tensors
+    (``stage=decode_inputs``) and building the response tensors (``stage=encode_outputs``) added to it.
     """
+    t0 = time.perf_counter()
     rows: list = []  # every sequence of every request
     spans: list = []  # per request: (first row, row count) or the exception that fails it
     for request in requests:
@@ -192,6 +197,7 @@ def execute(backend, requests, pb_utils) -> list:
             rows += r
         except Exception as exc:  # noqa: BLE001
             spans.append(exc)
+    t1 = time.perf_counter()
     if hasattr(backend, "run_batch"):
         outs = list(backend.run_batch(rows)) if rows else []
     else:
@@ -201,6 +207,7 @@ def execute(backend, requests, pb_utils) -> list:
                 outs.append(backend.run(inputs))
             except Exception as exc:  # noqa: BLE001 - every failure becomes its request's error response
                 outs.append(exc)
+    t2 = time.perf_counter()
     responses = []
     for span in spans:
         if not isinstance(span, Exception):
@@ -217,4 +224,8 @@ def execute(backend, requests, pb_utils) -> list:
             logger.error("%s failed: %s", type(backend).__name__,
                          "".join(traceback.format_exception(type(span), span, span.__traceback__)))
         responses.append(error_response(span, pb_utils))
+    io_metric = getattr(backend, "IO_METRIC", None)
+    if io_metric is not None and getattr(backend, "metrics", None) is not None:
+        backend.metrics.add(io_metric, t1 - t0, stage="decode_inputs")
+        backend.metrics.add(io_metric, time.perf_counter() - t2, stage="encode_outputs")
     return responses

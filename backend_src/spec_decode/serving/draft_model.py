@@ -60,6 +60,7 @@ class DraftBackend(BatchedBackend):
         FileNotFoundError: a model folder that does not exist.
     """
 
+    IO_METRIC = "spec_decode_draft_model_io_seconds_total"  # adapter.execute: decode and encode times
     MODEL, Settings, INPUTS = "draft_model", DraftModelSettings, DRAFT_MODEL_INPUTS
 
     def __init__(self, params: dict[str, str], metrics: Metrics | None = None,

@@ -44,6 +44,7 @@ from .wire import GENERATE_INPUTS, PROMPT_LOGPROB_OUTPUTS
 
 logger = logging.getLogger(__name__)
 
+ROUND_SECONDS = "spec_decode_round_seconds_total"
 CALIBRATION_MAX_AGE_S = 600.0  # target_model may finish loading (and calibrating) this long before generate does
 
 
@@ -273,7 +274,8 @@ class GenerateBackend:
     async def _run_round(self, inps: list[StepInputs]) -> list[StepResult | BaseException]:
         """One round of steps (:class:`StepRounds`) within ``max_num_batched_tokens``
         (:func:`~spec_decode.chunked_prefill.plan_round`: prompts prefilled in chunks beside the running sequences):
-        one batched request through the transport."""
+        one batched request through the transport. Its stages' times go to ``spec_decode_round_seconds_total``."""
+        t0 = time.perf_counter()
         if any(i.auto for i in inps):
             if not self.auto.cost.calibrated:  # target_model writes its curve at load (engine/calibration.py)
                 curve = load_calibration(not_before=self._loaded_at - CALIBRATION_MAX_AGE_S)
@@ -283,9 +285,20 @@ class GenerateBackend:
         plan = plan_round(inps, self.settings.max_num_batched_tokens)
         run = [p for p in plan if p is not None]
         start = time.perf_counter()
+        self.metrics.add(ROUND_SECONDS, start - t0, stage="plan")
         results = round_results(inps, plan, await self.step.run_batch(run) if run else [])
         self.auto.observe(inps, results, time.perf_counter() - start)  # every round's time teaches the cost model
+        self._record_round()
         return results
+
+    def _record_round(self) -> None:
+        """Count a round and bring ``spec_decode_round_seconds_total`` up to the transport's and the rounds' own
+        totals (:attr:`TritonStep.stage_seconds`, :attr:`StepRounds.between_s`)."""
+        self.metrics.add("spec_decode_rounds_total", 1)
+        totals = {**getattr(self.step, "stage_seconds", {}), "between_rounds": self.rounds.between_s}
+        for stage, total in totals.items():
+            self.metrics.add(ROUND_SECONDS, max(0.0, total - self.metrics.get(ROUND_SECONDS, stage=stage)),
+                             stage=stage)
 
     def _record_choice(self, method: str, before: tuple[int, int, int, int], after) -> None:
         """Count an auto step by the method it chose (``none``: no speculation), with its drafts and acceptances."""

@@ -48,11 +48,25 @@ METRICS: dict[str, tuple[str, str]] = {
                                              "by method"),
     "spec_decode_mean_accepted_length": (GAUGE, "Emitted tokens per step (accepted drafts + 1) since start, by method"),
     "spec_decode_running_sequences": (GAUGE, "generate requests being generated"),
+    "spec_decode_rounds_total": (COUNTER, "Rounds of steps generate ran"),
+    "spec_decode_round_seconds_total": (COUNTER, "generate's time in its rounds by stage (seconds): plan (auto and the "
+                                                 "token budget), build_request (the BLS request), ensemble (the BLS "
+                                                 "call: Triton's ensemble and the step models), parse_response (the "
+                                                 "BLS response into step results), between_rounds (generate's own "
+                                                 "work from a round's end to the next round's start when every "
+                                                 "running sequence came back: commits, streamed responses, the next "
+                                                 "steps' inputs)"),
     # draft_model
     "spec_decode_propose_seconds_total": (COUNTER, "Time draft_model spent proposing (seconds), by method"),
+    "spec_decode_draft_model_io_seconds_total": (COUNTER, "Time draft_model spent reading its request tensors "
+                                                          "(stage=decode_inputs) and building its response tensors "
+                                                          "(stage=encode_outputs), seconds"),
     # (and the proposers' gauges: Proposer.GAUGES, declared by draft_model)
     # target_model
     "spec_decode_score_seconds_total": (COUNTER, "Time target_model spent scoring (seconds)"),
+    "spec_decode_target_model_io_seconds_total": (COUNTER, "Time target_model spent reading its request tensors "
+                                                           "(stage=decode_inputs) and building its response tensors "
+                                                           "(stage=encode_outputs), seconds"),
     "spec_decode_target_calibration_seconds": (GAUGE, "The target's forward over one sequence, measured at load, by "
                                                       "new positions (seconds; speculative_method=auto's cost curve)"),
     "spec_decode_target_kv_cache_sequences": (GAUGE, "Sequences holding a KV cache in the target"),
@@ -68,6 +82,9 @@ METRICS: dict[str, tuple[str, str]] = {
     "spec_decode_target_prefix_cache_hit_rate": (GAUGE, "Target prefix-cache hits / queries since start"),
     # verifier
     "spec_decode_verify_seconds_total": (COUNTER, "Time the verifier spent verifying (seconds)"),
+    "spec_decode_verifier_io_seconds_total": (COUNTER, "Time the verifier spent reading its request tensors "
+                                                       "(stage=decode_inputs) and building its response tensors "
+                                                       "(stage=encode_outputs), seconds"),
 }
 
 

@@ -15,6 +15,7 @@ in one ``execute``).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -37,6 +38,11 @@ class StepRounds(Generic[InputT, ResultT]):
     result or raises its exception, to this caller only) and :meth:`leave` when its loop ends, in every case
     (``finally``).
 
+    Attributes:
+        between_s: seconds since start from a round's end to the next round's start, counted when the next round
+            starts because the same sequences (less any that left) all came back: their own work between rounds
+            (commits, responses, the next steps' inputs), never a wait for a new arrival or a slow member.
+
     Raises:
         ValueError: ``max_wait_s`` <= 0.
     """
@@ -53,10 +59,15 @@ class StepRounds(Generic[InputT, ResultT]):
         self._pending: list[tuple[InputT, asyncio.Future[ResultT]]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task | None = None  # the round in flight (a reference keeps it from being collected)
+        self._ended: float | None = None  # when the last round's results were handed out
+        # seconds from a round's end to the next one's start, when the same sequences (less any that left) all came
+        # back: their own work between rounds (commits, responses, the next inputs), never a wait for a new arrival
+        self.between_s = 0.0
 
     def join(self) -> None:
         """A sequence enters the generation loop."""
         self.members += 1
+        self._ended = None  # the next round waits on a newcomer: not the members' own work
 
     def leave(self) -> None:
         """A sequence leaves the generation loop (finished, cancelled or failed); the others need not wait for it."""
@@ -74,6 +85,8 @@ class StepRounds(Generic[InputT, ResultT]):
         if self.in_flight or not self._pending:
             return
         if len(self._pending) >= self.members:
+            if self._ended is not None:
+                self.between_s += time.perf_counter() - self._ended
             self._start()
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.max_wait_s, self._on_timer)
@@ -84,6 +97,7 @@ class StepRounds(Generic[InputT, ResultT]):
             self._start()
 
     def _start(self) -> None:
+        self._ended = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -110,4 +124,5 @@ class StepRounds(Generic[InputT, ResultT]):
                     fut.set_exception(r)
                 else:
                     fut.set_result(r)
+            self._ended = time.perf_counter()
             self._maybe_start()

@@ -76,6 +76,7 @@ class TargetBackend(BatchedBackend):
         FileNotFoundError: a model folder that does not exist.
     """
 
+    IO_METRIC = "spec_decode_target_model_io_seconds_total"  # adapter.execute: decode and encode times
     MODEL, Settings, INPUTS = "target_model", TargetSettings, TARGET_MODEL_INPUTS
 
     def __init__(self, params: dict[str, str], metrics: Metrics | None = None,

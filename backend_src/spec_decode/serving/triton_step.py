@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import traceback
 
 import numpy as np
@@ -66,6 +67,10 @@ class TritonStep:
         model_name: the ensemble to call.
         plain_model_name: the ensemble without draft_model, for rounds without drafts.
         max_batch_size: most sequences per request (the ensemble's max_batch_size); larger rounds are split.
+
+    Attributes:
+        stage_seconds: seconds spent since load by stage (``build_request``, ``ensemble``: awaiting the BLS call,
+            ``parse_response``), summed over requests (a round split in several requests overlaps in ``ensemble``).
     """
 
     def __init__(self, pb_utils, model_name: str = SPEC_STEP, max_batch_size: int = 16,
@@ -75,6 +80,7 @@ class TritonStep:
         self.plain_model_name = plain_model_name
         self.max_batch_size = max_batch_size
         self._pending_releases: list[StepInputs] = []
+        self.stage_seconds = {"build_request": 0.0, "ensemble": 0.0, "parse_response": 0.0}
 
     def _request(self, inps: list[StepInputs], release: bool):
         """The BLS request of a round and the ensemble it goes to: ``spec_step``, or ``score_step`` (no draft_model
@@ -99,8 +105,13 @@ class TritonStep:
         Raises:
             RuntimeError: the ensemble answered with an error (its message, and which step models are not ready).
         """
+        t0 = time.perf_counter()
         model, request = self._request(inps, release=False)
+        t1 = time.perf_counter()
         resp = await request.async_exec()
+        t2 = time.perf_counter()
+        self.stage_seconds["build_request"] += t1 - t0
+        self.stage_seconds["ensemble"] += t2 - t1
         if resp.has_error():
             raise RuntimeError(f"{model} failed: {resp.error().message()}{self._unready_parts()}")
         get = self.pb.get_output_tensor_by_name
@@ -125,6 +136,7 @@ class TritonStep:
                 res.prompt = _logprobs(asked, PROMPT_LOGPROB_OUTPUTS[1:], row, n_prompt, spec.prompt_logprobs,
                                        prompt_lps[row, :n_prompt].tolist())
             out.append(res)
+        self.stage_seconds["parse_response"] += time.perf_counter() - t2
         return out
 
     def _unready_parts(self) -> str:

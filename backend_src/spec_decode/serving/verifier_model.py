@@ -66,6 +66,7 @@ class VerifierBackend(BatchedBackend):
         ValueError: a config parameter out of range (named).
     """
 
+    IO_METRIC = "spec_decode_verifier_io_seconds_total"  # adapter.execute: decode and encode times
     MODEL, Settings, INPUTS = "verifier", VerifierSettings, VERIFIER_INPUTS
 
     def __init__(self, params: dict[str, str], metrics: Metrics | None = None):

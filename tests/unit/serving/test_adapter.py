@@ -52,6 +52,20 @@ def test_execute_runs_every_row_of_every_request_together_and_fails_only_the_req
     assert [strip_padding(r) for r in responses[2].output_tensors[0].arr] == [[8, 10, 12]]
 
 
+def test_execute_times_decoding_and_encoding_into_the_backend_s_io_counter():
+    from spec_decode.serving.metrics import Metrics
+
+    be = _EchoBackend()
+    be.IO_METRIC, be.metrics = "spec_decode_target_model_io_seconds_total", Metrics()
+    req = Request(ids=stack_rows([np.asarray([1, 2], np.int64)]))
+    for _ in range(2):  # a second call adds to the same two series
+        execute(be, [req], FakePbUtils)
+        keys = {dict(labels)["stage"] for name, labels in be.metrics.values if name == be.IO_METRIC}
+        assert keys == {"decode_inputs", "encode_outputs"}
+    assert be.metrics.get(be.IO_METRIC, stage="decode_inputs") > 0 and be.metrics.get(be.IO_METRIC,
+                                                                                        stage="encode_outputs") > 0
+
+
 def test_read_rows_rejects_inputs_with_different_batch_dimensions():
     be = _EchoBackend()
     be.INPUTS = ("ids", "other")

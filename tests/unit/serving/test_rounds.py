@@ -94,3 +94,26 @@ def test_a_straggler_is_not_waited_for_beyond_max_wait():
 
     out, elapsed = asyncio.run(main())
     assert out == [40] and 0.04 <= elapsed < 0.5
+
+
+def test_between_rounds_counts_the_members_own_work_not_a_wait_for_a_newcomer():
+    async def member(rounds, steps, work_s, start_delay=0.0):
+        await asyncio.sleep(start_delay)
+        rounds.join()
+        try:
+            for x in range(steps):
+                await rounds.submit(x)
+                await asyncio.sleep(work_s)  # the member's own work between its steps (commit, response, inputs)
+        finally:
+            rounds.leave()
+
+    async def main():
+        rounds = StepRounds(_Recorder(delay=0.001), max_wait_s=5.0)
+        await member(rounds, 4, 0.02)  # alone: three gaps of its own work count (the last one: it leaves)
+        alone = rounds.between_s
+        await member(rounds, 2, 0.0, start_delay=0.3)  # a newcomer after 0.3 s idle: that wait is not counted
+        return alone, rounds.between_s
+
+    alone, total = asyncio.run(main())
+    assert 0.05 <= alone < 0.25
+    assert total - alone < 0.1
