@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 
 import numpy as np
 import torch
@@ -38,10 +39,11 @@ def _no_drafts() -> dict:
     return {"draft_token_ids": np.zeros(0, np.int64), "draft_probs": np.zeros((0, 0), np.float32)}
 
 
-def _outputs(proposal: Proposal) -> dict:
-    """A proposal as draft_model's outputs (draft_probs [0, 0] when it has none)."""
+def _outputs(proposal: Proposal, greedy: bool = False) -> dict:
+    """A proposal as draft_model's outputs (draft_probs [0, 0] when it has none, and for a greedy row: the argmax walk
+    never reads them)."""
     probs = proposal.draft_probs
-    if probs is None:
+    if probs is None or greedy:
         probs = torch.zeros((0, 0), dtype=torch.float32)
     return {"draft_token_ids": proposal.draft_token_ids.to(torch.int64).numpy(), "draft_probs": probs}
 
@@ -119,7 +121,7 @@ class DraftBackend(BatchedBackend):
         if request.processors is not None and request.processors.guide_type and not self._grammar_tried:
             self._start_grammar()
         self.proposers[method].check(request)
-        return Work(seq_id, request, _outputs, group=method)
+        return Work(seq_id, request, partial(_outputs, greedy=request.params.is_greedy), group=method)
 
     def _run_group(self, method: str, requests: list) -> list[Proposal]:
         start = time.perf_counter()

@@ -60,8 +60,10 @@ class LocalEnsemble:
         scored = _raise_first(self.target.run_batch(rows))
         target_probs, hidden = _stack(scored, "target_probs"), _stack(scored, "hidden_states")
         log_probs = _stack(scored, "log_probs")
+        argmax, argmax_probs = _stack(scored, "target_argmax"), _stack(scored, "target_argmax_probs")
         for row, r in enumerate(rows):
             r["target_probs"], r["log_probs"] = target_probs[row], log_probs[row]
+            r["target_argmax"], r["target_argmax_probs"] = argmax[row], argmax_probs[row]
         outs = _raise_first(self.verifier.run_batch([{name: r[name] for name in self.verifier.INPUTS if name in r}
                                                      for r in rows]))
         for row, (o, row_ids, s) in enumerate(zip(outs, draft_ids, scored)):

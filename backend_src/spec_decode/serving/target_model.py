@@ -1,24 +1,25 @@
 """Backend of the ``target_model`` model: the scorer over k+1 positions with the per-sequence KV cache.
 
 Config parameters: :class:`~spec_decode.settings.TargetSettings` (``model_path``, ``device``, ``dtype``,
-``max_sequences``, ``kv_cache_max_tokens``, ``enable_prefix_caching``, ``logprobs_mode``,
-``aux_hidden_state_layers``). Inputs: :data:`~.wire.TARGET_MODEL_INPUTS`. Outputs per row: ``target_probs``
-FP32 [k+1, V] after the row's logits processors (``logits_processors``: :mod:`spec_decode.processors`) and
-``hidden_states`` FP32 [k+1, H x (1 + A)], the target's last hidden states at the same positions followed by the
-inputs of the A ``aux_hidden_state_layers`` (what the hidden-state speculators draft from; generate keeps those of the
-accepted positions for the sequence's next step), both on the model's device
-([0, 0] for a release); ``log_probs`` FP32 [k+1, V] raw log-prob rows when the row asks for log-probs and
-``logprobs_mode`` is ``raw`` (else [0, 0]); the prompt's log-probs (``prompt_log_probs`` [P-1], ``prompt_token_ranks``
-[P-1], ``prompt_top_log_probs`` / ``prompt_top_log_prob_ids`` [P-1, N]) on a first step that asks for them (else
-empty). The rows of one ``execute()`` are scored in one forward pass
-(:meth:`~spec_decode.engine.scorer.TargetScorer.score_batch`). Metrics (docs/metrics.md): time scoring, the target's
-KV caches and prefix caching.
+``max_sequences``, ``kv_cache_max_tokens``, ``enable_prefix_caching``, ``logprobs_mode``, ``aux_hidden_state_layers``).
+Inputs: :data:`~.wire.TARGET_MODEL_INPUTS`. Outputs per row: ``target_probs`` FP32 [k+1, V] after the row's logits
+processors (``logits_processors``: :mod:`spec_decode.processors`) and ``hidden_states`` FP32 [k+1, H x (1 + A)], the
+target's last hidden states at the same positions followed by the inputs of the A ``aux_hidden_state_layers`` (what the
+hidden-state speculators draft from; generate keeps those of the accepted positions for the sequence's next step), both
+on the model's device ([0, 0] for a release); ``log_probs`` FP32 [k+1, V] raw log-prob rows when the row asks for
+log-probs and ``logprobs_mode`` is ``raw`` (else [0, 0]); the prompt's log-probs (``prompt_log_probs`` [P-1],
+``prompt_token_ranks`` [P-1], ``prompt_top_log_probs`` / ``prompt_top_log_prob_ids`` [P-1, N]) on a first step that asks
+for them (else empty). A greedy row without log-probs sends ``target_probs`` [0, 0] and instead ``target_argmax`` INT64
+[k+1] and ``target_argmax_probs`` FP32 [k+1], all the verifier's argmax walk reads ([0] for other rows). The rows of one
+``execute()`` are scored in one forward pass (:meth:`~spec_decode.engine.scorer.TargetScorer.score_batch`). Metrics
+(docs/metrics.md): time scoring, the target's KV caches and prefix caching.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 
 import torch
 
@@ -55,11 +56,23 @@ def prompt_outputs(prompt: TokenLogprobs | None) -> dict:
     return dict(zip(PROMPT_LOGPROB_OUTPUTS, logprob_arrays(prompt)))
 
 
-def _outputs(scores: Scores) -> dict:
-    """A row's scores as target_model's outputs (float32)."""
-    lp = scores.log_probs if scores.log_probs is not None else torch.zeros((0, 0), dtype=torch.float32)
-    return {"target_probs": scores.probs.float(), "hidden_states": scores.hidden.float(), "log_probs": lp,
-            **prompt_outputs(scores.prompt)}
+_NO_ROWS = torch.zeros((0, 0), dtype=torch.float32)
+_NO_ARGMAX = {"target_argmax": torch.zeros(0, dtype=torch.int64), "target_argmax_probs": torch.zeros(0)}
+
+
+def _outputs(scores: Scores, argmax_only: bool = False) -> dict:
+    """A row's scores as target_model's outputs (float32). ``argmax_only`` (a greedy row without log-probs: the
+    verifier's argmax walk reads nothing else): the k+1 argmax ids (the lowest index on ties, as the samplers) and
+    their probabilities in ``target_argmax`` / ``target_argmax_probs``, and ``target_probs`` [0, 0] instead of its
+    [k+1, V] rows."""
+    lp = scores.log_probs if scores.log_probs is not None else _NO_ROWS
+    probs = scores.probs.float()
+    out = {"hidden_states": scores.hidden.float(), "log_probs": lp, **prompt_outputs(scores.prompt)}
+    if not argmax_only:
+        return out | {"target_probs": probs} | _NO_ARGMAX
+    best = probs.argmax(-1)
+    return out | {"target_probs": _NO_ROWS, "target_argmax": best,
+                  "target_argmax_probs": probs.gather(-1, best[:, None])[:, 0]}
 
 
 class TargetBackend(BatchedBackend):
@@ -149,8 +162,8 @@ class TargetBackend(BatchedBackend):
         seq_id = sequence_id(inputs)
         if is_release(inputs):
             self.scorer.release(seq_id)
-            empty = torch.zeros((0, 0), dtype=torch.float32)
-            return {"target_probs": empty, "hidden_states": empty, "log_probs": empty, **prompt_outputs(None)}
+            return {"target_probs": _NO_ROWS, "hidden_states": _NO_ROWS, "log_probs": _NO_ROWS, **prompt_outputs(None),
+                    **_NO_ARGMAX}
         drafts = draft_token_ids(inputs, self.lm.vocab_size)
         ids, params, spec = token_ids(inputs), sampling_params(inputs), processor_spec(inputs)
         self.lm.check(ids + drafts, len(drafts) + 1)
@@ -159,4 +172,5 @@ class TargetBackend(BatchedBackend):
                                                          f"{len(ids)} token ids")
         if spec is not None and spec.guide_type and self.scorer.grammar is None:
             self.scorer.grammar = grammar_cache(self.model_path, self.lm.vocab_size, self.settings.max_sequences)
-        return Work(seq_id, (seq_id, ids, drafts, params, spec), _outputs)
+        argmax_only = params.is_greedy and (spec is None or not spec.logprobs)
+        return Work(seq_id, (seq_id, ids, drafts, params, spec), partial(_outputs, argmax_only=argmax_only))

@@ -9,10 +9,11 @@ FP32 [n]; for a row whose ``logits_processors`` ask for log-probs, ``output_toke
 (:func:`~spec_decode.processors.step_logprobs`); all empty for a release. The rows of one ``execute()`` (a round,
 and requests queued with it) are verified in one :meth:`~spec_decode.verifier.Verifier.verify_batch` call: one kernel
 launch per kind of row on CUDA; a row's bad input fails that row alone, a sampler error the rows verified with it.
-Greedy rows (temperature 0) are the argmax walk. Seeded sampled rows under rejection sampling are verified by the
-coupled race keyed by (seed, absolute position) (:func:`~spec_decode.verifier.rejection.coupled_sample`): ``token_ids``
-gives the position (the number of committed ids), ``seeded`` whether the seed came from the client (absent: True).
-Metrics (docs/metrics.md): time verifying.
+Greedy rows (temperature 0) are the argmax walk; one that target_model sent as its argmax alone (``target_argmax``,
+``target_argmax_probs``: no log-probs asked) is walked here over those (:func:`argmax_walk`), with the same result.
+Seeded sampled rows under rejection sampling are verified by the coupled race keyed by (seed, absolute position)
+(:func:`~spec_decode.verifier.rejection.coupled_sample`): ``token_ids`` gives the position (the number of committed
+ids), ``seeded`` whether the seed came from the client (absent: True). Metrics (docs/metrics.md): time verifying.
 """
 
 from __future__ import annotations
@@ -42,6 +43,34 @@ def _outputs(out: tuple[list[int], list[float], TokenLogprobs | None]) -> dict:
 
 
 _EMPTY = _outputs(([], [], None))
+
+
+def _argmax_ids(inputs: dict) -> list[int]:
+    """A greedy row's target argmax ids (target_model's ``target_argmax``), [] for a row that sent its
+    distributions."""
+    x = inputs.get("target_argmax")
+    return [] if x is None else strip_padding(x)
+
+
+def argmax_walk(best: list[int], best_probs: torch.Tensor, drafts: list[int]) -> tuple[list[int], list[float], None]:
+    """Greedy verification from the target's argmax alone (what :func:`~spec_decode.verifier.rejection_sample` does
+    for a greedy row: a draft is accepted while it is its position's argmax, lowest index on ties; the first
+    mismatch, or the end of the drafts, emits that position's argmax).
+
+    Args:
+        best: the k+1 argmax ids of the row's distributions (k = the drafts the target scored).
+        best_probs: [k+1] float32 their probabilities.
+        drafts: the row's draft ids (only the first k are read).
+
+    Returns:
+        (output ids, their log-probabilities as float32 logs, None): the verifier's result for the row.
+    """
+    k = len(best) - 1
+    n = 0
+    while n < k and n < len(drafts) and drafts[n] == best[n] and float(best_probs[n]) > 0:
+        n += 1
+    ids = best[: n + 1]
+    return ids, torch.log(best_probs[: n + 1].float().clamp_min(1e-38)).tolist(), None
 
 
 def _given_rows(inputs: dict, name: str, n: int) -> torch.Tensor | None:
@@ -96,13 +125,21 @@ class VerifierBackend(BatchedBackend):
 
     @staticmethod
     def _is_release(inputs: dict) -> bool:
-        """A release reaches the verifier as target_probs with no rows (target_model's output for it)."""
+        """A release reaches the verifier as target_probs with no rows and no argmax (target_model's output for
+        it)."""
         tp = inputs.get("target_probs")
-        return tp is not None and torch.as_tensor(tp).shape[0] == 0
+        return tp is not None and torch.as_tensor(tp).shape[0] == 0 and not _argmax_ids(inputs)
 
     def _plan(self, inputs: dict):
         if self._is_release(inputs):
             return dict(_EMPTY)
+        best = _argmax_ids(inputs)
+        if best:  # a greedy row without log-probs: the argmax walk over what target_model sent
+            start = time.perf_counter()
+            out = _outputs(argmax_walk(best, torch.as_tensor(inputs["target_argmax_probs"])[: len(best)],
+                                       strip_padding(inputs.get("draft_token_ids", np.zeros(0, np.int64)))))
+            self.metrics.add("spec_decode_verify_seconds_total", time.perf_counter() - start)
+            return out
         # Rows have no per-sequence state: any distinct key puts them all in one call.
         row, spec = self._row(inputs), processor_spec(inputs)
         log_rows = _given_rows(inputs, "log_probs", row.k + 1) if spec is not None and spec.logprobs else None

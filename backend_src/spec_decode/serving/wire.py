@@ -76,7 +76,11 @@ STEP: dict[str, Tensor] = _table(
     Tensor("num_context_hidden_states", "INT32", (1,)),
     Tensor("draft_token_ids", "INT64", (-1,)),  # [k]
     Tensor("draft_probs", "FP32", (-1, -1)),  # [k, V], or [0, 0] without draft probabilities
-    Tensor("target_probs", "FP32", (-1, -1)),  # [k+1, V]
+    Tensor("target_probs", "FP32", (-1, -1)),  # [k+1, V], or [0, 0] for a greedy row without log-probs
+    # a greedy row without log-probs: the argmax of each of its k+1 distributions and its probability (all the argmax
+    # walk reads; [0] for other rows, whose target_probs hold the rows)
+    Tensor("target_argmax", "INT64", (-1,)),
+    Tensor("target_argmax_probs", "FP32", (-1,)),
     Tensor("hidden_states", "FP32", (-1, -1)),  # [k+1, H] the target's last hidden states
     Tensor("output_ids", "INT64", (-1,)),  # [n] accepted drafts, then the recovered or bonus token
     Tensor("output_log_probs", "FP32", (-1,)),
@@ -184,7 +188,7 @@ _DRAFT_IN = ("sequence_id token_ids num_draft_tokens speculative_method temperat
              "step release context_hidden_states num_context_hidden_states logits_processors")
 _TARGET_IN = "sequence_id token_ids draft_token_ids temperature top_k top_p release logits_processors"
 _VERIFIER_IN = ("target_probs draft_token_ids draft_probs temperature random_seed step acceptance_method "
-                "logits_processors log_probs token_ids seeded")
+                "logits_processors log_probs token_ids seeded target_argmax target_argmax_probs")
 _PROMPT_OUT = "prompt_log_probs prompt_token_ranks prompt_top_log_probs prompt_top_log_prob_ids"
 _LOGPROBS_OUT = "output_token_ranks top_log_probs top_log_prob_ids " + _PROMPT_OUT
 # the prompt's log-probs in the order of logprob_arrays (spec_decode.processors): log-probs, ranks, top log-probs, ids
@@ -210,9 +214,10 @@ MODELS: dict[str, ModelWire] = {
         _pick(STEP, "draft_token_ids draft_probs")),
     "target_model": ModelWire(
         _pick(STEP, _TARGET_IN, optional="logits_processors", ragged="token_ids draft_token_ids"),
-        _pick(STEP, "target_probs hidden_states log_probs " + _PROMPT_OUT)),
+        _pick(STEP, "target_probs hidden_states log_probs " + _PROMPT_OUT + " target_argmax target_argmax_probs")),
     "verifier": ModelWire(
-        _pick(STEP, _VERIFIER_IN, optional="logits_processors log_probs seeded", ragged="token_ids"),
+        _pick(STEP, _VERIFIER_IN, optional="logits_processors log_probs seeded target_argmax target_argmax_probs",
+              ragged="token_ids"),
         _pick(STEP, "output_ids output_log_probs output_token_ranks top_log_probs top_log_prob_ids")),
     SPEC_STEP: ModelWire(
         _pick(STEP, "sequence_id token_ids num_draft_tokens speculative_method temperature top_k top_p random_seed "

@@ -27,9 +27,13 @@ def test_draft_lm_rows_share_forwards_and_a_bad_row_fails_alone(draft, tiny_lm):
         with torch.inference_mode():
             full = tiny_lm.generate(torch.tensor([ids]), max_new_tokens=3, do_sample=False, eos_token_id=None,
                                     pad_token_id=0)[0, len(ids):].tolist()
-        assert o["draft_token_ids"].tolist() == full and o["draft_probs"].shape == (3, 97)
+        # greedy rows: no [k, V] probabilities (the verifier's argmax walk never reads them)
+        assert o["draft_token_ids"].tolist() == full and o["draft_probs"].shape == (0, 0)
     assert isinstance(out[2], ValueError) and "num_draft_tokens" in str(out[2]) and "[0, 16]" in str(out[2])
-    draft.run_batch([_row(1, [5], "draft", release=True), _row(2, [1], "draft", release=True)])
+    (sampled,) = draft.run_batch([_row(3, [5, 6, 7], "draft", temperature=np.array([0.8], np.float32),
+                                       random_seed=np.array([1], np.int64))])
+    assert sampled["draft_probs"].shape == (3, 97)  # a sampled row's rejection sampling reads them
+    draft.run_batch([_row(i, [5], "draft", release=True) for i in (1, 2, 3)])
     assert draft.metrics.get("spec_decode_draft_kv_cache_sequences") == 0
 
 

@@ -1,5 +1,6 @@
 """spec_decode.serving.target_model: a round scored in one forward, each row as if alone, a bad row failing alone."""
 
+import numpy as np
 import torch
 
 from spec_decode.serving.target_model import TargetBackend
@@ -26,3 +27,15 @@ def test_target_backend_batches_rows_and_isolates_errors(tiny_dir):
     assert out[3]["target_probs"].shape == (0, 0)
     assert isinstance(out[4], ValueError) and "'temperature'" in str(out[4])
     assert batched.metrics.get("spec_decode_target_kv_cache_sequences") == 2  # 4 was released, 3 and 5 failed
+
+
+def test_a_greedy_row_without_log_probs_ships_its_argmax_not_its_distributions(tiny_dir):
+    be = TargetBackend({"model_path": str(tiny_dir), "device": "cpu", "dtype": "float32", "max_sequences": "8"})
+    greedy, sampled = be.run_batch([step_row(1, [5, 6, 7], [8, 9]),
+                                    step_row(2, [5, 6, 7], [8, 9], temperature=np.array([1.0], np.float32))])
+    assert tuple(greedy["target_probs"].shape) == (0, 0) and len(greedy["target_argmax"]) == 3
+    assert tuple(sampled["target_probs"].shape) == (3, 97) and len(sampled["target_argmax"]) == 0
+    # the same ids at temperature 1 without top-k/top-p: the softmax of the same logits, so the same argmax
+    probs = torch.as_tensor(sampled["target_probs"])
+    assert torch.equal(torch.as_tensor(greedy["target_argmax"]), probs.argmax(-1))
+    torch.testing.assert_close(torch.as_tensor(greedy["target_argmax_probs"]), probs.max(-1).values)

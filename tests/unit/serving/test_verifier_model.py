@@ -70,3 +70,37 @@ def test_a_round_is_verified_in_one_sampler_call_and_each_row_gets_what_it_gets_
         assert g["output_ids"].tolist() == a["output_ids"].tolist()
         np.testing.assert_allclose(g["output_log_probs"], a["output_log_probs"], rtol=1e-6)
     assert sum(len(g["output_ids"]) - 1 for g in got[:-1]) > 0  # some drafts were accepted
+
+
+def test_a_greedy_row_sent_as_its_argmax_verifies_as_its_full_distributions_do():
+    """target_model sends a greedy row without log-probs as its k+1 argmax ids and their probabilities; the verifier's
+    argmax walk over them gives the ids and log-probs the full [k+1, V] rows give, ties (lowest index) and drafts
+    past the target's rows included, in a round that mixes both forms."""
+    gen = torch.Generator().manual_seed(1)
+    ver = VerifierBackend({"backend": "torch", "num_threads": "0"})
+    for case in range(60):
+        k, vocab = case % 5, 7
+        logits = torch.randint(0, 3, (k + 1, vocab), generator=gen).float()  # many exact ties
+        tp = torch.softmax(logits, -1)
+        best = tp.argmax(-1)
+        drafts = [int(best[i]) if torch.rand((), generator=gen) < 0.7 else int(torch.randint(0, vocab, (),
+                  generator=gen)) for i in range(k)]
+        if case % 7 == 0:
+            drafts.append(vocab + 3)  # outside the vocabulary: the target did not score it (both paths cut it)
+        base = {"draft_token_ids": np.array(drafts, np.int64), "draft_probs": torch.zeros(0, 0),
+                "temperature": np.array([0.0], np.float32), "random_seed": np.array([0]), "step": np.array([0]),
+                "acceptance_method": np.array([b"rejection"], object)}
+        full = ver.run(base | {"target_probs": tp[: k + 1]})
+        compact = base | {"target_probs": torch.zeros(0, 0), "target_argmax": best.numpy(),
+                          "target_argmax_probs": tp.gather(-1, best[:, None])[:, 0].numpy()}
+        got = ver.run(compact)
+        assert got["output_ids"].tolist() == full["output_ids"].tolist()
+        np.testing.assert_array_equal(got["output_log_probs"], full["output_log_probs"])
+        # the same row batched beside a full one (its target_probs padded with zero rows, the other's argmax with -1)
+        other = base | {"target_probs": tp, "target_argmax": np.zeros(0, np.int64),
+                        "target_argmax_probs": np.zeros(0, np.float32)}
+        batch = {name: stack_rows([np.asarray(r[name]) for r in (compact, other)]) for name in
+                 ("target_probs", "draft_token_ids", "draft_probs", "target_argmax", "target_argmax_probs")}
+        rows = [{**base, **{n: v[i] for n, v in batch.items()}} for i in range(2)]
+        a, b = ver.run_batch(rows)
+        assert a["output_ids"].tolist() == b["output_ids"].tolist() == full["output_ids"].tolist()
