@@ -18,9 +18,12 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-from .paged_forward import PagedForward, RoundShape, unpack_round
+from .paged_forward import BATCH_BUCKETS, PagedForward, RoundShape, bucket, unpack_round
 
 logger = logging.getLogger(__name__)
+
+GRAPH_QUERIES = (1, 2, 3, 5, 9)  # query lengths captured (k + 1 for k = 0, 1, 2, 4, 8)
+GRAPH_CONTEXTS = (512, 1024, 2048, 4096, 8192)  # key positions captured (larger contexts run eagerly)
 
 
 def capture_shapes(batches: Iterable[int], queries: Iterable[int], pages: Iterable[int]) -> list[RoundShape]:
@@ -111,4 +114,24 @@ class CapturedForward:
         return out
 
 
-__all__ = ["CapturedForward", "capture_shapes", "smallest_shape"]
+
+
+def capture_rounds(forward: PagedForward, device: torch.device, max_sequences: int, max_positions: int,
+                   page_size: int) -> CapturedForward | None:
+    """The graphs a model captures at load: batches 1, 2, 4, ... up to ``max_sequences``'s bucket, query lengths
+    :data:`GRAPH_QUERIES`, contexts :data:`GRAPH_CONTEXTS` up to ``max_positions`` (0: no bound), largest first; None
+    when capture fails (logged: every round then runs eagerly, as with ``cuda_graphs: off``)."""
+    limit = max_positions or max(GRAPH_CONTEXTS)
+    contexts = [c for c in GRAPH_CONTEXTS if c <= max(limit, GRAPH_CONTEXTS[0])]
+    batches = [b for b in BATCH_BUCKETS if b <= bucket(max_sequences, BATCH_BUCKETS)]
+    graphs = CapturedForward(forward, capture_shapes(batches, GRAPH_QUERIES, [-(-c // page_size) for c in contexts]),
+                             device)
+    try:
+        graphs.capture()
+    except Exception:  # noqa: BLE001 - a model whose forward cannot be captured still serves, eagerly
+        logger.exception("CUDA graphs: capture failed; every round runs eagerly (cuda_graphs: off hides this)")
+        return None
+    return graphs
+
+
+__all__ = ["GRAPH_CONTEXTS", "GRAPH_QUERIES", "CapturedForward", "capture_rounds", "capture_shapes", "smallest_shape"]

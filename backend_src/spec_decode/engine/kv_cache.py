@@ -17,7 +17,6 @@ least recently used running sequences outside the round (their next step recompu
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from ..sequences import SequenceLRU, common_prefix_len
 from ..settings import InvalidInputError
 from .aux_states import AuxHiddenStates
 from .blocks import PrefixCacheStats
-from .kv_pool import KVPool, kv_shape
+from .kv_pool import KVPool, kv_shape, pool_tokens
 from .paged_forward import (
     BATCH_BUCKETS,
     QUERY_BUCKETS,
@@ -47,9 +46,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-CPU_AUTO_FRACTION = 0.25  # max_tokens = 0 on a CPU: a quarter of the machine's memory (mapped as it is written)
-GRAPH_QUERIES = (1, 2, 3, 5, 9)  # query lengths captured (k + 1 for k = 0, 1, 2, 4, 8)
-GRAPH_CONTEXTS = (512, 1024, 2048, 4096, 8192)  # key positions captured (larger contexts run eagerly)
 
 
 class KVCacheFull(RuntimeError):
@@ -64,31 +60,6 @@ class _Work:
     seq: PagedSequence
     ids: list[int]
     row: RoundRow
-
-
-def pool_tokens(max_tokens: int, bytes_per_token: int, device: torch.device, gpu_memory_utilization: float) -> int:
-    """Positions the KV pool holds.
-
-    On CUDA: ``max_tokens``, refused when it does not fit in ``gpu_memory_utilization`` of the device's memory less
-    what is in use now (the weights, other processes); ``max_tokens`` = 0: as many as fit there (vLLM's
-    ``gpu_memory_utilization``). On a CPU: ``max_tokens``, or 0: :data:`CPU_AUTO_FRACTION` of the machine's memory.
-
-    Raises:
-        ValueError: naming ``kv_cache_max_tokens`` and ``gpu_memory_utilization`` when the pool does not fit.
-    """
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        room = int(total * gpu_memory_utilization) - (total - free)
-        fit = max(0, room // bytes_per_token)
-        if max_tokens and max_tokens > fit or not max_tokens and fit < 1024:
-            raise ValueError(f"kv_cache_max_tokens={max_tokens} ({bytes_per_token} bytes a token) does not fit in "
-                             f"gpu_memory_utilization={gpu_memory_utilization} of the GPU's {total / 2**30:.1f} GiB "
-                             f"({(total - free) / 2**30:.1f} GiB in use): at most {fit} tokens")
-        return max_tokens or fit
-    if max_tokens:
-        return max_tokens
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return max(1024, int(memory * CPU_AUTO_FRACTION) // bytes_per_token)
 
 
 class CachedCausalLM:
@@ -109,8 +80,8 @@ class CachedCausalLM:
         max_batched_new_tokens: in :meth:`logits_batch`, sequences with more new tokens than this run alone.
         max_padded_positions: in :meth:`logits_batch`, sequences are split into separate forwards where reading every
             row over the longest row's context would read more than this many padded (row x position) slots.
-        max_tokens: positions of the pool (0: sized from the device's memory, :func:`pool_tokens`). Memory: this x
-            :meth:`kv_bytes_per_token`.
+        max_tokens: positions of the pool (0: sized from the device's memory, :func:`~.kv_pool.pool_tokens`).
+            Memory: this x :meth:`kv_bytes_per_token`.
         prefix_caching: share full pages across sequences (module docstring).
         block_size: positions per page (>= 1; vLLM's default 16).
         aux_layers: decoder layers whose inputs the hidden states carry after the last one (EAGLE-3's;
@@ -124,7 +95,7 @@ class CachedCausalLM:
 
     Raises:
         ValueError: ``max_sequences`` or ``block_size`` < 1, ``max_tokens`` < 0, ``cuda_graphs`` unknown, or a pool
-            that does not fit (:func:`pool_tokens`).
+            that does not fit (:func:`~.kv_pool.pool_tokens`).
         NotImplementedError: a model with sliding-window or other non-full-attention layers.
     """
 
@@ -167,22 +138,10 @@ class CachedCausalLM:
         self._lock = threading.Lock()
         self.graphs: CapturedForward | None = None
         if self.device.type == "cuda" and cuda_graphs == "auto":
-            self._capture(max_sequences)
+            from .cuda_graphs import capture_rounds
 
-    def _capture(self, max_sequences: int) -> None:
-        from .cuda_graphs import CapturedForward, capture_shapes
-
-        limit = self.max_positions or max(GRAPH_CONTEXTS)
-        contexts = [c for c in GRAPH_CONTEXTS if c <= max(limit, GRAPH_CONTEXTS[0])]
-        batches = [b for b in BATCH_BUCKETS if b <= bucket(max_sequences, BATCH_BUCKETS)]
-        shapes = capture_shapes(batches, GRAPH_QUERIES, [-(-c // self.block_size) for c in contexts])
-        graphs = CapturedForward(self._forward_fn, shapes, self.device)
-        try:
-            graphs.capture()
-        except Exception:  # noqa: BLE001 - a model whose forward cannot be captured still serves, eagerly
-            logger.exception("CUDA graphs: capture failed; every round runs eagerly (cuda_graphs: off hides this)")
-            return
-        self.graphs = graphs
+            self.graphs = capture_rounds(self._forward_fn, self.device, max_sequences, self.max_positions,
+                                         block_size)
 
     # -- accounting ----------------------------------------------------------------------------------------------
 
@@ -436,4 +395,4 @@ class CachedCausalLM:
         return keep
 
 
-__all__ = ["CachedCausalLM", "KVCacheFull", "pool_tokens"]
+__all__ = ["CachedCausalLM", "KVCacheFull"]

@@ -9,12 +9,14 @@ their slots with one ``index_copy_`` per layer (``write_slots``: padded rows and
 trash page, slot 0); the attention reads each row's slots ``0 .. L - 1`` gathered through its block table, positions
 past the row's length redirected to slot 0, so nothing reads a slot no forward wrote and masked keys are finite (a
 masked weight is 0, and 0 x NaN would still be NaN). Every shape is the round's padded shape: no host synchronisation,
-so the forward can be captured in a CUDA graph (:mod:`.cuda_graphs`).
+so the forward can be captured in a CUDA graph (:mod:`.cuda_graphs`). How many positions a pool holds:
+:func:`pool_tokens`.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 
 import torch
 
@@ -34,6 +36,34 @@ def kv_shape(config) -> tuple[int, int, int]:
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return int(config.num_hidden_layers), int(heads), int(head_dim)
+
+
+CPU_AUTO_FRACTION = 0.25  # max_tokens = 0 on a CPU: a quarter of the machine's memory (mapped as it is written)
+
+
+def pool_tokens(max_tokens: int, bytes_per_token: int, device: torch.device, gpu_memory_utilization: float) -> int:
+    """Positions the KV pool holds.
+
+    On CUDA: ``max_tokens``, refused when it does not fit in ``gpu_memory_utilization`` of the device's memory less
+    what is in use now (the weights, other processes); ``max_tokens`` = 0: as many as fit there (vLLM's
+    ``gpu_memory_utilization``). On a CPU: ``max_tokens``, or 0: :data:`CPU_AUTO_FRACTION` of the machine's memory.
+
+    Raises:
+        ValueError: naming ``kv_cache_max_tokens`` and ``gpu_memory_utilization`` when the pool does not fit.
+    """
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        room = int(total * gpu_memory_utilization) - (total - free)
+        fit = max(0, room // bytes_per_token)
+        if max_tokens and max_tokens > fit or not max_tokens and fit < 1024:
+            raise ValueError(f"kv_cache_max_tokens={max_tokens} ({bytes_per_token} bytes a token) does not fit in "
+                             f"gpu_memory_utilization={gpu_memory_utilization} of the GPU's {total / 2**30:.1f} GiB "
+                             f"({(total - free) / 2**30:.1f} GiB in use): at most {fit} tokens")
+        return max_tokens or fit
+    if max_tokens:
+        return max_tokens
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return max(1024, int(memory * CPU_AUTO_FRACTION) // bytes_per_token)
 
 
 class KVPool:
@@ -126,4 +156,4 @@ class PagedCache:
         return out[0], out[1]
 
 
-__all__ = ["KVPool", "PagedCache", "cache_keyword", "kv_shape"]
+__all__ = ["CPU_AUTO_FRACTION", "KVPool", "PagedCache", "cache_keyword", "kv_shape", "pool_tokens"]
