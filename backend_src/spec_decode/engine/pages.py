@@ -64,9 +64,6 @@ class BlockManager:
         self.num_pages, self.page_size = num_pages, page_size
         self.ref = [0] * num_pages
         self.generation = [0] * num_pages  # bumped at every reallocation: a key naming an old page never matches
-        # free pages: a stack (low pages first, freed pages reused first) with lazy deletion, a page taken out of
-        # turn (allocate's ``after``) stays in it until popped; is_free says which entries still hold
-        self._free = list(range(num_pages - 1, TRASH_PAGE, -1))
         self._is_free = np.ones(num_pages, dtype=bool)
         self._is_free[TRASH_PAGE] = False
         self._n_free = num_pages - 1
@@ -92,31 +89,26 @@ class BlockManager:
 
     def add_pages(self, n: int) -> None:
         """Pages ``num_pages .. num_pages + n - 1`` join the pool, free (the device pool grew to match)."""
-        new = range(self.num_pages + n - 1, self.num_pages - 1, -1)
         self.ref += [0] * n
         self.generation += [0] * n
         self._is_free = np.concatenate([self._is_free, np.ones(n, dtype=bool)])
-        self._free = list(new) + self._free  # under the stack's top: the old low pages still go out first
         self._n_free += n
         self.num_pages += n
 
     def allocate(self, after: int | None = None) -> int:
         """A page for one sequence to write (reference count 1): page ``after + 1`` when it is free (a sequence's
         pages then follow each other, and one row's keys are read as a view of the pool, :class:`~.kv_pool.
-        PagedCache`), else a free one, else the least recently used cached one (unregistered first).
+        PagedCache`), else the free page with the most room around it (:meth:`_roomiest`), else the least recently
+        used cached one (unregistered first).
 
         Raises:
             OutOfPages: none is free or cached.
         """
         page = -1
         if after is not None and after + 1 < self.num_pages and self._is_free[after + 1]:
-            page = after + 1  # its entry in the stack is skipped when popped
-        elif self._n_free > 1:
+            page = after + 1
+        elif self._n_free:
             page = self._roomiest()
-        while page < 0 and self._free:
-            top = self._free.pop()
-            if self._is_free[top]:
-                page = top
         if page >= 0:
             self._is_free[page] = False
             self._n_free -= 1
@@ -132,11 +124,10 @@ class BlockManager:
     def _roomiest(self) -> int:
         """The free page that starts a new run of a sequence's pages with the most room on both sides: the middle of
         the longest run of free pages (the sequence before the run keeps growing into its first half, the new one into
-        its second). A scan of the pool, made only when a sequence cannot follow on from its last page."""
+        its second). A scan of the pool, made only when a sequence cannot follow on from its last page; at least one
+        page must be free."""
         edges = np.diff(np.concatenate([[False], self._is_free[1:], [False]]).astype(np.int8))
         starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)  # run i: pages starts[i]+1 .. ends[i]
-        if not len(starts):
-            return -1
         i = int(np.argmax(ends - starts))
         return int(starts[i] + 1 + (ends[i] - starts[i]) // 2)
 
@@ -154,15 +145,11 @@ class BlockManager:
         if page in self._key:
             self._cached[page] = None
         else:
-            self._free.append(page)
             self._is_free[page] = True
             self._n_free += 1
-            if len(self._free) > 2 * self.num_pages:  # stale entries (pages taken out of turn): keep each free page's
-                self._free = list(dict.fromkeys(reversed(self._free)))[::-1]  # topmost entry, in stack order
-                self._free = [p for p in self._free if self._is_free[p]]
 
     def release(self, seq: PagedSequence) -> None:
-        """Drop every page of ``seq`` (the last ones first, so that a later sequence gets the first ones back first)."""
+        """Drop every page of ``seq``."""
         for page in reversed(seq.pages):
             self.decref(page)
         seq.pages.clear()
