@@ -66,6 +66,17 @@ def pool_tokens(max_tokens: int, bytes_per_token: int, device: torch.device, gpu
     return max(1024, int(memory * CPU_AUTO_FRACTION) // bytes_per_token)
 
 
+def read_slots(block_table: torch.Tensor, lengths: torch.Tensor, page_size: int,
+               positions: int | None = None) -> torch.Tensor:
+    """[R, L] int64: the slots of each row's key positions 0 .. L-1 through its block table ``block_table`` [R, P]
+    (L = ``positions``, default P x ``page_size``); positions at or past the row's length (``lengths`` [R]) read slot
+    0, the trash page's (written, finite: the attention's mask drops them). Shapes depend only on the inputs' shapes
+    (no host synchronisation)."""
+    cols = torch.arange(positions or block_table.shape[1] * page_size, device=block_table.device)
+    slots = block_table[:, cols // page_size] * page_size + cols % page_size
+    return torch.where(cols[None] < lengths[:, None], slots, TRASH_PAGE * page_size)
+
+
 class KVPool:
     """Keys and values of every layer in ``num_pages`` pages of ``page_size`` slots.
 
@@ -156,4 +167,4 @@ class PagedCache:
         return out[0], out[1]
 
 
-__all__ = ["CPU_AUTO_FRACTION", "KVPool", "PagedCache", "cache_keyword", "kv_shape", "pool_tokens"]
+__all__ = ["CPU_AUTO_FRACTION", "KVPool", "PagedCache", "cache_keyword", "kv_shape", "pool_tokens", "read_slots"]

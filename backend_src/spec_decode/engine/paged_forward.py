@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from .aux_states import AuxHiddenStates
-from .kv_pool import KVPool, PagedCache, cache_keyword
+from .kv_pool import KVPool, PagedCache, cache_keyword, read_slots
 
 QUERY_BUCKETS = (1, 2, 3, 5, 9, 17)  # k + 1 for k = 0, 1, 2, 4, 8, 16
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -143,17 +143,12 @@ class PagedForward:
                  span: tuple[int, int] | None = None):
         """The forward (class docstring). ``span`` (eager rounds only): (first slot, length) of a single row whose
         slots are consecutive, read as a view of the pool over exactly its length (:class:`~.kv_pool.PagedCache`)."""
-        b, _ = input_ids.shape
-        ps = self.page_size
         if span is None:
-            offsets = torch.arange(ps, device=block_table.device)
-            read = (block_table[:, :, None] * ps + offsets).reshape(b, -1)  # [B, L] slots
+            read = read_slots(block_table, seq_lens, self.page_size)  # [B, L]; past a row's length slot 0, masked below
             kpos = torch.arange(read.shape[1], device=read.device)
         else:
             read, kpos = None, torch.arange(span[1], device=block_table.device)
         inside = kpos[None, :] < seq_lens[:, None]  # [B, L]
-        if read is not None:
-            read = torch.where(inside, read, 0)  # past a row's length: slot 0 (written, finite), masked below
         allowed = (kpos[None, None, :] <= positions[:, :, None]) & inside[:, None, :]
         allowed = allowed | (kpos == 0)
         mask = torch.where(allowed, 0.0, torch.finfo(self.dtype).min).to(self.dtype)[:, None]  # [B, 1, Q, L]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...engine.kv_pool import KVPool
+from ...engine.kv_pool import KVPool, read_slots
 from ...engine.pages import TRASH_PAGE, BlockManager, OutOfPages, PagedSequence
 
 PAGE_SIZE = 16
@@ -120,8 +120,7 @@ class HeadKV:
         sizes = torch.tensor(lengths, device=dev)
         past, ends = sizes[:, 0], sizes.sum(1)
         cols = torch.arange(longest, device=dev)
-        read = torch.tensor(table, device=dev)[:, cols // PAGE_SIZE] * PAGE_SIZE + cols % PAGE_SIZE  # [R, L]
-        read = read.masked_fill(cols[None] >= ends[:, None], TRASH_PAGE * PAGE_SIZE)
+        read = read_slots(torch.tensor(table, device=dev), ends, PAGE_SIZE, longest)  # [R, L]
         kr, vr = KVPool.gather(keys, read), KVPool.gather(values, read)
         ragged = any(t != widest for _, t in rows)
         if ragged:  # pad each row's queries to the widest (padded ones read a zero row, their outputs are dropped)
