@@ -2,9 +2,9 @@
 
 For each proposer (ngram, suffix, and draft when ``--draft`` names a draft model folder), HumanEval prompts are decoded
 greedily in process (:class:`spec_decode.in_process.LocalStep`, the same proposer/scorer/verifier objects the server
-runs) with a fixed k and with the heuristic schedule (:class:`spec_decode.schedule.HeuristicK`: k += 2 after a
-fully accepted step, k -= 1 after a rejection). Fixed and adaptive runs alternate prompt by prompt, so machine noise
-hits both alike. Prints tokens/s, tokens per step and acceptance, saves JSON.
+runs) with a fixed k and with the heuristic schedule (:class:`spec_decode.scheduler.k_schedule.HeuristicK`: k += 2
+after a fully accepted step, k -= 1 after a rejection). Fixed and adaptive runs alternate prompt by prompt, so
+machine noise hits both alike. Prints tokens/s, tokens per step and acceptance, saves JSON.
 
 Usage: python -m bench.adaptive_k --prompts 10 --max-tokens 128 --k 4 --max-k 8 [--draft PATH]
 """
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     from spec_decode.in_process import LocalStep, run_local
     from spec_decode.proposers import DraftModelProposer, NgramProposer, SuffixProposer, SuffixSettings
     from spec_decode.request import GenerationRequest
-    from spec_decode.schedule import ConstantK, HeuristicK
+    from spec_decode.scheduler.k_schedule import ConstantK, HeuristicK
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=10)

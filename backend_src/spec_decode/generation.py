@@ -25,7 +25,7 @@ from .processors import ProcessorSpec, TokenLogprobs
 from .protocol import AUTO, NO_SPECULATION, StepInputs, StepResult
 from .request import GenerationRequest
 from .sampling import SamplingParams
-from .schedule import ConstantK, KSchedule
+from .scheduler.k_schedule import ConstantK, KSchedule
 from .settings import InvalidInputError
 
 if TYPE_CHECKING:
@@ -191,7 +191,8 @@ class Generation:
 
         Args:
             result: the step's output ids (1..k+1), drafts proposed, log-probs and hidden states; or a prompt chunk's
-                result (``prefilled`` set: :mod:`spec_decode.chunked_prefill`), which only moves ``cached_len``.
+                result (``prefilled`` set: :mod:`spec_decode.scheduler.chunked_prefill`), which only moves
+                ``cached_len``.
             step: the inputs the step ran with; for an ``auto`` step, its chosen method and k join the statistics.
 
         Returns:

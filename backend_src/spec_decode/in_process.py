@@ -11,13 +11,13 @@ import time
 
 import torch
 
-from .auto import AutoController
-from .chunked_prefill import plan_round, round_results
 from .engine.scorer import TargetScorer
 from .generation import Chunk, Generation
 from .processors import step_logprobs
 from .proposers import Proposal, Proposer
 from .protocol import AUTO, StepInputs, StepResult
+from .scheduler.auto import AutoController
+from .scheduler.plan import Scheduler, run_sync
 from .verifier import Verifier
 
 
@@ -31,7 +31,10 @@ def run_step(inp: StepInputs, proposers: dict[str, Proposer], scorer: TargetScor
         scorer: the target scorer. verifier: the verifier.
 
     Returns:
-        1..k'+1 output ids with their target log-probs, the k' drafts proposed, and [n, H] float32 hidden states.
+        1..k'+1 output ids with their target log-probs, the k' drafts proposed, and [n, H] float32 hidden states,
+        with the positions the target reused and its forward's seconds; for a prompt chunk (a step whose uncached
+        prompt exceeds its ``num_scheduled_tokens``: :meth:`~spec_decode.engine.scorer.TargetScorer.chunk_end`), no
+        token.
 
     Raises:
         KeyError: no proposer for ``inp.method``.
@@ -47,13 +50,20 @@ def run_step(inp: StepInputs, proposers: dict[str, Proposer], scorer: TargetScor
     else:
         proposal = Proposal.empty()
     drafts = proposal.draft_token_ids
+    end = scorer.chunk_end(inp.seq_id, inp.token_ids, int(drafts.numel()), inp.processors, inp.num_scheduled_tokens)
+    start = time.perf_counter()
+    if end is not None:  # a prompt chunk: its keys stay cached, its token is discarded
+        (scores,) = scorer.score_batch([(inp.seq_id, inp.token_ids[:end], [], inp.params)])
+        return StepResult([], 0, cached_tokens=scores.cached, forward_seconds=time.perf_counter() - start)
     (scores,) = scorer.score_batch([(inp.seq_id, inp.token_ids, drafts.tolist(), inp.params, inp.processors)])
+    forward = time.perf_counter() - start
     ids, lps = verifier.verify(scores.probs, drafts, proposal.draft_probs, inp.params.seed, inp.step,
                                inp.params.is_greedy, inp.acceptance_method, len(inp.token_ids), inp.params.seeded)
     spec = inp.processors
     asked = step_logprobs(scores.probs, scores.log_probs, ids, spec.top_logprobs) if spec and spec.logprobs else None
     return StepResult(ids, int(drafts.numel()), asked.log_probs if asked else lps,
-                      scores.hidden[: len(ids)].float().cpu().numpy(), asked, scores.prompt)
+                      scores.hidden[: len(ids)].float().cpu().numpy(), asked, scores.prompt,
+                      cached_tokens=scores.cached, forward_seconds=forward)
 
 
 class LocalStep:
@@ -85,13 +95,16 @@ def run_local(gen: Generation, step: LocalStep, max_num_batched_tokens: int = 0,
               controller: AutoController | None = None) -> list[Chunk]:
     """Drive ``gen`` to completion with a synchronous step callable; returns every chunk.
 
+    Each step is a round of one sequence through the same loop as generate's rounds
+    (:meth:`~spec_decode.scheduler.plan.Scheduler.run_round`: plan, run, observe).
+
     Args:
         gen: the generation.
         step: runs one step (:class:`LocalStep`).
-        max_num_batched_tokens: each step's budget of new target positions; a prompt longer than it is prefilled in
-            chunks first (:func:`~spec_decode.chunked_prefill.plan_round`, as generate's rounds do; 0: in one piece).
+        max_num_batched_tokens: each step's budget of new target positions; a prompt whose uncached tokens exceed it
+            is prefilled in chunks first (:mod:`spec_decode.scheduler.chunked_prefill`; 0: in one piece).
         controller: plans each step of a ``speculative_method=auto`` request and learns from its time
-            (:class:`~spec_decode.auto.AutoController`, as generate's rounds do).
+            (:class:`~spec_decode.scheduler.auto.AutoController`).
 
     The step's caches are released at the end, with the sequence's final ids, even when a step raises.
 
@@ -100,22 +113,19 @@ def run_local(gen: Generation, step: LocalStep, max_num_batched_tokens: int = 0,
     """
     if gen.request.speculative_method == AUTO and controller is None:
         raise ValueError("speculative_method=auto needs an AutoController")
+    scheduler = Scheduler(max_num_batched_tokens, auto=controller)
     chunks = []
+
+    def execute(steps: list[StepInputs]) -> list[StepResult]:
+        return [step(s) for s in steps]
+
     try:
         while not gen.finished:
-            inp = gen.next_step()
-            if controller is not None:
-                controller.plan([inp])
-            (planned,) = plan_round([inp], max_num_batched_tokens)
-            assert planned is not None  # the only step of a round always gets a chunk
-            start = time.perf_counter()
-            (result,) = round_results([inp], [planned], [step(planned)])
-            assert not isinstance(result, BaseException)  # round_results passes exceptions on; step raised none
-            if controller is not None:
-                controller.observe([inp], [result], time.perf_counter() - start)
-            chunks.append(gen.commit(result, inp))
+            plan, (result,) = run_sync(scheduler.run_round([gen.next_step()], execute))
+            if isinstance(result, BaseException):
+                raise result
+            chunks.append(gen.commit(result, plan.as_run(0)))
     finally:
         step.release(gen.seq_id, gen.token_ids)
-        if controller is not None:
-            controller.release(gen.seq_id)
+        scheduler.release(gen.seq_id)
     return chunks

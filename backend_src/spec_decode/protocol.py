@@ -20,12 +20,13 @@ if TYPE_CHECKING:  # the step's types name them; the contract itself imports no 
     from .processors import ProcessorSpec, TokenLogprobs
 
 NO_SPECULATION = "none"  # the speculative_method of plain decoding: no proposer, k = 0
-AUTO = "auto"  # the speculative_method that lets the server choose the proposer and k per step (spec_decode.auto)
+AUTO = "auto"  # the method that lets the server choose the proposer and k per step (spec_decode.scheduler.auto)
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepInputs:
-    """What one speculative step needs.
+    """What one speculative step needs. Frozen: the round's plan runs copies with its choices
+    (:class:`~spec_decode.scheduler.plan.Scheduler`), never an edited original.
 
     Attributes:
         seq_id: sequence id (uint64), unique per request.
@@ -42,9 +43,15 @@ class StepInputs:
         processors: the request's logits processors and log-prob requests (the same at every step), or None.
         cached_len: how many leading ``token_ids`` the target's cache of this sequence is expected to hold (0 for a
             new sequence; the end of the last prompt chunk while its prompt is prefilled in chunks; all but the last
-            committed token after a step): what chunked prefill budgets by (:mod:`spec_decode.chunked_prefill`).
-        auto: the request asked for ``auto``: until the round's :class:`~spec_decode.auto.AutoController` plans it,
-            ``method`` is ``auto`` and ``num_draft_tokens`` the cap; then they are its choice.
+            committed token after a step): what chunked prefill budgets by
+            (:mod:`spec_decode.scheduler.chunked_prefill`); the target itself knows better (its prefix cache), and
+            says so in the result (:attr:`StepResult.cached_tokens`).
+        auto: the request asked for ``auto``: as submitted, ``method`` is ``auto`` and ``num_draft_tokens`` the cap;
+            the round's plan (:class:`~spec_decode.scheduler.plan.Scheduler`) runs a copy with the choice of its
+            :class:`~spec_decode.scheduler.auto.AutoController`.
+        num_scheduled_tokens: the step's share of its round's token budget (chunked prefill): new positions the
+            target may compute for it; a step without drafts whose uncached prompt is longer prefills a chunk of it
+            and scores nothing (:meth:`~spec_decode.engine.scorer.TargetScorer.chunk_end`). 0: no bound.
     """
 
     seq_id: int
@@ -58,6 +65,7 @@ class StepInputs:
     processors: ProcessorSpec | None = None
     cached_len: int = 0
     auto: bool = False
+    num_scheduled_tokens: int = 0
 
     @property
     def drafts(self) -> bool:
@@ -78,8 +86,12 @@ class StepResult:
         logprobs: the output ids' log-probs, ranks and top-N alternatives when the step's processors ask for them
             (``log_probs`` then holds the same log-probs), else None.
         prompt: the prompt tokens' log-probs (1..P-1) on a first step that asks for them, else None.
-        prefilled: for a chunk of a prompt (:mod:`spec_decode.chunked_prefill`), the tokens the sequence's cache now
-            holds; then ``output_ids`` is empty and the step is not committed. None for a step.
+        prefilled: for a chunk of a prompt (:mod:`spec_decode.scheduler.chunked_prefill`), the tokens the sequence's
+            cache now holds; then ``output_ids`` is empty and the step is not committed. None for a step.
+        cached_tokens: leading ``token_ids`` the target reused from its cache instead of computing them (vLLM's
+            ``num_cached_tokens``), or None when the transport did not say.
+        forward_seconds: seconds of the target's forward that scored the step (shared by the rows batched with it),
+            or None when the transport did not say.
     """
 
     output_ids: list[int]
@@ -89,3 +101,5 @@ class StepResult:
     logprobs: TokenLogprobs | None = None
     prompt: TokenLogprobs | None = None
     prefilled: int | None = None
+    cached_tokens: int | None = None
+    forward_seconds: float | None = None

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
-from .schedule import K_SCHEDULES
+from .scheduler.k_schedule import K_SCHEDULES
 
 logger = logging.getLogger(__name__)
 
@@ -236,14 +236,11 @@ class TargetSettings(LMSettings):
         aux_hidden_state_layers: the decoder layers whose inputs the ``hidden_states`` output carries after the last
             hidden state (what EAGLE-3 heads read): ``auto`` (those the heads of draft_model's ``speculator_path``
             name), ``none``, or layer ids separated by commas.
-        calibrate_at_load: time the forward over 1-17 new positions at load, for ``speculative_method=auto``
-            (:mod:`spec_decode.engine.calibration`; a second or two on a CPU).
     """
 
     model_path: str = "default"
     logprobs_mode: str = "raw"
     aux_hidden_state_layers: str = "auto"
-    calibrate_at_load: bool = True
 
     def check(self) -> None:
         """As :meth:`LMSettings.check`, model_path not blank, logprobs_mode ``raw`` or ``processed``."""
@@ -289,14 +286,14 @@ class GenerateSettings(ConfigSettings):
         draft_model_available: ``auto`` (whether the draft distilled by ``make draft`` exists, as draft_model's
             ``draft_model_path: auto``), ``true`` (draft_model serves a draft LM: speculative_method ``draft`` is
             offered) or ``false``.
-        num_draft_tokens_schedule: ``constant`` or ``heuristic`` (:mod:`spec_decode.schedule`; a proposer may
-            replace it with its own).
+        num_draft_tokens_schedule: ``constant`` or ``heuristic`` (:mod:`spec_decode.scheduler.k_schedule`; a proposer
+            may replace it with its own).
         disable_by_batch_size: while at least this many requests run, steps run without speculation (0 = never).
         step_round_max_wait_ms: a round of steps starts when every running sequence has submitted its step, or this
             many milliseconds after the first did (> 0).
         max_num_batched_tokens: each round's budget of new target positions, shared by the running sequences' steps
-            (k + 1 each) and chunks of new prompts (:mod:`spec_decode.chunked_prefill`; vLLM's name); 0 = no budget
-            (a prompt is prefilled in one piece inside its first round), else >= 32.
+            (k + 1 each) and chunks of new prompts (:mod:`spec_decode.scheduler.chunked_prefill`; vLLM's name); 0 = no
+            budget (a prompt is prefilled in one piece inside its first round), else >= 32.
     """
 
     tokenizer_path: str = "default"

@@ -64,13 +64,13 @@ def test_auto_concurrent_streams_each_equal_target_greedy(server, greedy_referen
     assert [out[i] for i in range(4)] == [ref for _, ref in greedy_references[:4]]
 
 
-def test_auto_through_http_generate_and_the_target_calibration_is_exported(server, greedy_references):
+def test_auto_through_http_generate(server, greedy_references):
+    """auto over HTTP generate on a fresh server's history: the target's greedy tokens, and what it chose per step."""
     prompt, ref = greedy_references[0]
     body = {"text_input": prompt, "max_tokens": N_TOKENS, "speculative_method": "auto"}
     r = requests.post(f"http://{server.http_url}/v2/models/generate/generate", json=body, timeout=300)
     assert r.status_code == 200, r.text
     out = r.json()
     assert out["output_ids"] == ref and len(out["auto_methods"]) == out["num_steps"]
-    samples = scrape(server.metrics_url)
-    curve = {p: value(samples, "spec_decode_target_calibration_seconds", positions=str(p)) for p in (1, 9, 17)}
-    assert 0 < curve[1] <= curve[9] <= curve[17]  # measured at load, never decreasing
+    assert set(out["auto_methods"]) <= {"none", "ngram", "suffix", "draft", "eagle", "eagle3", "medusa",
+                                        "mlp_speculator", "arctic"}

@@ -120,3 +120,32 @@ def test_a_draft_lm_with_fewer_positions_drafts_nothing_past_them(tmp_path, real
     assert grows.output_ids == ref
     assert past.stats["num_draft_tokens_total"] == 0
     assert past.output_ids == _greedy(real_model, real_tokenizer, long, 8)
+
+
+def test_several_target_instances_and_an_eviction_keep_chunked_prefill_exact(tmp_path, real_model, real_tokenizer):
+    """Two target_model instances, each with a pool of 2,048 tokens: rounds of one sequence may go to either, so
+    neither generate nor the other instance knows what a given round's target holds. Long prompts (each ~1,100
+    tokens, about six times the round's budget) are prefilled in shares the target spends past its own cache hit: the
+    first prompt, the same again, two others at once (which evict its pages), and the first once more. Every output
+    is the target's own greedy one and every request finishes."""
+    from spec_decode.launcher import TritonServer, prepare_repository
+
+    repo = prepare_repository({"target_model": {"kv_cache_max_tokens": "2048"}})
+    cfg = repo / "target_model" / "config.pbtxt"
+    text = cfg.read_text()
+    assert "instance_group [ { count: 1 kind: KIND_CPU } ]" in text
+    cfg.write_text(text.replace("instance_group [ { count: 1 kind: KIND_CPU } ]",
+                                "instance_group [ { count: 2 kind: KIND_CPU } ]"))
+    prompts = [_source_text(4000, skip=skip) + "\n\ndef " for skip in (3000, 40000, 60000)]
+    assert all(len(real_tokenizer(p)["input_ids"]) >= 900 for p in prompts)
+    refs = [_greedy(real_model, real_tokenizer, p, 6) for p in prompts]
+    with TritonServer(repo, log_path=tmp_path / "server.log") as srv:
+        srv.wait_ready(timeout=600)
+        got = [stream_generate(srv.grpc_url, prompts[0], 6, speculative_method="none") for _ in range(2)]
+        with ThreadPoolExecutor(2) as pool:
+            got += list(pool.map(lambda p: stream_generate(srv.grpc_url, p, 6, speculative_method="suffix"),
+                                 prompts[1:]))
+        got.append(stream_generate(srv.grpc_url, prompts[0], 6, speculative_method="suffix"))
+        rounds = value(scrape(srv.metrics_url), "spec_decode_rounds_total")
+    assert [r.output_ids for r in got] == [refs[0], refs[0], refs[1], refs[2], refs[0]]
+    assert rounds >= 5 * 6  # every request's steps ran (and the first prompt's chunks before them)

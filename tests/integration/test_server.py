@@ -145,11 +145,14 @@ def test_stream_false_sends_exactly_one_response(server, greedy_references):
 
 
 def test_internal_step_model_validates_direct_calls(server):
-    """spec_step is reachable on the same ports: its models check k, token ids and sampling parameters too."""
+    """spec_step is reachable on the same ports: its models check k, token ids and sampling parameters too, and its
+    results say what the target measured (num_cached_tokens, target_forward_seconds) and spend a prompt's share of the
+    round's budget (num_scheduled_tokens)."""
     import numpy as np
 
-    def step(k=4, ids=(1, 2, 3), temperature=0.0, release=False):
-        values = {"sequence_id": ("UINT64", np.array([1], np.uint64)), "token_ids": ("INT64", np.array(ids, np.int64)),
+    def step(k=4, ids=(1, 2, 3), temperature=0.0, release=False, share=None, seq=1):
+        values = {"sequence_id": ("UINT64", np.array([seq], np.uint64)),
+                  "token_ids": ("INT64", np.array(ids, np.int64)),
                   "num_draft_tokens": ("INT32", np.array([k], np.int32)),
                   "speculative_method": ("BYTES", np.array([b"draft"], object)),
                   "temperature": ("FP32", np.array([temperature], np.float32)),
@@ -157,6 +160,8 @@ def test_internal_step_model_validates_direct_calls(server):
                   "random_seed": ("INT64", np.array([0], np.int64)), "seeded": ("BOOL", np.array([True])),
                   "step": ("INT64", np.array([0], np.int64)),
                   "release": ("BOOL", np.array([release])), "acceptance_method": ("BYTES", np.array([b""], object))}
+        if share is not None:
+            values["num_scheduled_tokens"] = ("INT32", np.array([share], np.int32))
         inputs = []
         for name, (dt, arr) in values.items():
             arr = arr[None]  # batch dimension: one sequence per request
@@ -166,11 +171,21 @@ def test_internal_step_model_validates_direct_calls(server):
         with grpcclient.InferenceServerClient(server.grpc_url) as c:
             return c.infer("spec_step", inputs)
 
-    assert step().as_numpy("output_ids").size == 5  # the self-draft accepts all 4 drafts
+    first = step()
+    assert first.as_numpy("output_ids").size == 5  # the self-draft accepts all 4 drafts
+    assert first.as_numpy("num_cached_tokens")[0, 0] == 0 and first.as_numpy("target_forward_seconds")[0, 0] > 0
+    # a prompt past its share (num_scheduled_tokens) without drafts: the target prefills a chunk and scores nothing;
+    # the next share goes on from what it reused
+    prompt = tuple(range(1, 101))
+    chunk = step(k=0, ids=prompt, share=40, seq=2)
+    assert chunk.as_numpy("output_ids").size == 0 and chunk.as_numpy("num_cached_tokens")[0, 0] == 0
+    rest = step(k=0, ids=prompt, share=80, seq=2)
+    assert rest.as_numpy("output_ids").size == 1 and rest.as_numpy("num_cached_tokens")[0, 0] == 40
     for kwargs, field in (({"k": 1000}, "num_draft_tokens"), ({"ids": (1, 10**9)}, "token ids"),
-                          ({"temperature": -1.0}, "temperature")):
+                          ({"temperature": -1.0}, "temperature"), ({"share": -5}, "num_scheduled_tokens")):
         with pytest.raises(InferenceServerException, match=field):
             step(**kwargs)
+    step(release=True, seq=2)
     step(release=True)  # a direct caller frees its sequence's caches (other tests check that every cache is empty)
 
 

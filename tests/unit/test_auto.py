@@ -1,11 +1,10 @@
-"""spec_decode.auto: the goodput rule's arithmetic on recorded acceptance and cost traces, and auto in process."""
+"""spec_decode.scheduler.auto: the goodput rule's arithmetic on recorded acceptance and cost traces, and auto in
+process."""
 
 import numpy as np
 import pytest
 import torch
 
-from spec_decode.auto import AcceptanceStats, AutoController, RoundCost, _Sequence, expected_tokens, step_trials
-from spec_decode.engine.calibration import load_calibration, measure_score_cost, save_calibration
 from spec_decode.engine.kv_cache import CachedCausalLM
 from spec_decode.engine.scorer import TargetScorer
 from spec_decode.generation import Generation
@@ -14,6 +13,14 @@ from spec_decode.proposers import DraftModelProposer, Proposal, Proposer
 from spec_decode.protocol import AUTO, StepInputs, StepResult
 from spec_decode.request import GenerationRequest
 from spec_decode.sampling import SamplingParams
+from spec_decode.scheduler.auto import (
+    AcceptanceStats,
+    AutoController,
+    RoundCost,
+    _Sequence,
+    expected_tokens,
+    step_trials,
+)
 
 # bench.forward_cost on the 2-core CPU (docs/benchmarks.md): scoring 2, 3, 5, 9 positions costs 1.13, 1.26, 1.69,
 # 2.13x one position (a 45 ms forward)
@@ -21,9 +28,9 @@ CPU_CURVE = {1: 0.045, 2: 0.045 * 1.13, 3: 0.045 * 1.26, 5: 0.045 * 1.69, 9: 0.0
 
 
 class FixedCost(RoundCost):
-    """The calibration curve alone: measured round times are ignored (deterministic choices in tests)."""
+    """The prior curve alone: measured round times are ignored (deterministic choices in tests)."""
 
-    def observe(self, sequences, positions, seconds, methods=()):
+    def observe(self, sequences, positions, seconds, methods=(), forward=None):
         pass
 
 
@@ -54,18 +61,31 @@ def test_acceptance_counts_decay_towards_a_half():
     assert s.mean() == pytest.approx(0.5, abs=1e-3)  # evidence faded: back to the Laplace prior
 
 
-def test_the_cost_model_interpolates_measurements_and_scales_by_the_calibration():
-    cost = RoundCost(weight=1.0, calibration=CPU_CURVE)
-    assert cost.predict(1, 5) == pytest.approx(CPU_CURVE[5])  # nothing measured: the calibration itself
+def test_the_cost_model_keeps_the_forward_apart_from_the_rest_of_the_round_and_from_drafting():
+    cost = RoundCost(weight=1.0)
+    assert cost.predict(1, 5) / cost.predict(1, 1) == pytest.approx(5)  # nothing measured: cautious, P units
+    cost.observe(1, 1, 0.050, forward=0.040)  # a plain round: 40 ms forward, 10 ms of the rest
+    assert (cost.forward[(1, 1)], cost.rest[1]) == (pytest.approx(0.040), pytest.approx(0.010))
+    assert cost.predict(1, 5) == pytest.approx(5 * 0.040 + 0.010)  # no slope known yet: proportional
+    cost.observe(1, 5, 0.085, forward=0.060, methods=("draft_model",))  # 5 ms per position; the hop 15 ms
+    assert cost.slope == pytest.approx(0.005)
+    assert cost.extra["draft_model"] == pytest.approx(0.085 - 0.060 - 0.010)
+    assert cost.predict(1, 3) == pytest.approx(0.050 + 0.010)  # between two measured forwards
+    assert cost.predict(1, 9) == pytest.approx(0.060 + 4 * 0.005 + 0.010)  # past them: along the slope
+    assert cost.predict(4, 5, ("draft_model",)) == pytest.approx(0.060 + 0.010 + 0.015)  # the nearest S's figures
+    cost.observe(2, 2, 0.070)  # a transport that does not say: the whole round counts as forward
+    assert (cost.forward[(2, 2)], cost.rest[2]) == (pytest.approx(0.070), 0.0)
+
+
+def test_the_prior_curve_shapes_predictions_around_the_measured_forwards():
+    cost = RoundCost(weight=1.0, prior=CPU_CURVE)
+    assert cost.predict(1, 5) == pytest.approx(CPU_CURVE[5])  # nothing measured: the prior itself
     assert cost.predict(1, 4) == pytest.approx((CPU_CURVE[3] + CPU_CURVE[5]) / 2)
     assert cost.predict(1, 17) == pytest.approx(CPU_CURVE[9] + 8 * (CPU_CURVE[9] - CPU_CURVE[5]) / 4)
-    cost.observe(1, 1, 0.090)  # the server is twice as slow as the calibration: anchored to the measurement
+    cost.observe(1, 1, 0.090, forward=0.090)  # twice as slow as the prior: anchored to the measurement
     assert cost.predict(1, 5) == pytest.approx(0.090 * 1.69)
-    cost.observe(1, 5, 0.150)
-    assert cost.predict(1, 3) == pytest.approx(0.090 + (0.150 - 0.090) / 2)  # between two measured points
-    cost.observe(1, 3, 0.200, methods=("draft",))  # a model proposer's round: its share is the excess
-    assert cost.extra["draft"] == pytest.approx(0.200 - 0.120)
-    assert cost.predict(1, 3, ("draft",)) == pytest.approx(0.200)
+    with pytest.raises(ValueError):
+        RoundCost(prior={0: 0.1})
 
 
 def _inputs(seq_id, cap=4):
@@ -76,8 +96,9 @@ def _play(ctrl, seq_id, accept_fn, steps, cap=4):
     """Run ``steps`` planned steps of one sequence; ``accept_fn(step, k) -> accepted``. Returns the choices."""
     choices = []
     for t in range(steps):
-        inp = _inputs(seq_id, cap)
-        ctrl.plan([inp])
+        submitted = _inputs(seq_id, cap)
+        (inp,) = ctrl.plan([submitted])
+        assert (submitted.method, submitted.num_draft_tokens) == (AUTO, cap)  # a new input, the submitted unchanged
         choices.append((inp.method, inp.num_draft_tokens))
         k = inp.num_draft_tokens
         acc = accept_fn(t, k) if k else 0
@@ -86,7 +107,7 @@ def _play(ctrl, seq_id, accept_fn, steps, cap=4):
 
 
 def test_high_acceptance_drafts_the_cap_and_no_acceptance_drafts_nothing():
-    ctrl = AutoController(["ngram", "suffix"], cost=FixedCost(calibration=CPU_CURVE))
+    ctrl = AutoController(["ngram", "suffix"], cost=FixedCost(prior=CPU_CURVE))
     good = _play(ctrl, 1, lambda t, k: k, 30)  # every draft accepted
     assert good[-1][1] == 4 and good[-1][0] in ("ngram", "suffix")
     bad = _play(ctrl, 2, lambda t, k: 0, 30)  # nothing ever accepted
@@ -95,7 +116,7 @@ def test_high_acceptance_drafts_the_cap_and_no_acceptance_drafts_nothing():
 
 def test_the_choice_leaves_a_proposer_whose_drafts_are_rejected_and_returns_once_they_are_accepted():
     """A recorded trace: drafts always rejected for 60 steps, then always accepted."""
-    ctrl = AutoController(["garbage"], cost=FixedCost(calibration=CPU_CURVE))
+    ctrl = AutoController(["garbage"], cost=FixedCost(prior=CPU_CURVE))
     choices = _play(ctrl, 1, lambda t, k: 0 if t < 60 else k, 120)
     assert choices[0][0] == "garbage"  # tried first (nothing known: the prior is a half)
     rejected = choices[20:60]
@@ -109,11 +130,10 @@ def test_the_rule_speculates_less_when_the_round_is_full():
     """Same acceptance (0.6 per token), two cost models: at one sequence scoring a few more positions is nearly
     free; with 8 sequences the round is compute-bound (cost grows with every position), so auto drafts less."""
     def drafted(sequences: int, curve: dict) -> float:
-        ctrl = AutoController(["ngram"], cost=FixedCost(calibration=curve))
+        ctrl = AutoController(["ngram"], cost=FixedCost(prior=curve))
         for s in range(sequences):  # a history of 0.6 per token for every sequence
             ctrl.sequences[s] = _Sequence(stats={"ngram": AcceptanceStats(60, 100)})
-        inps = [_inputs(s) for s in range(sequences)]
-        ctrl.plan(inps)
+        inps = ctrl.plan([_inputs(s) for s in range(sequences)])
         return sum(i.num_draft_tokens for i in inps) / sequences
 
     alone = drafted(1, CPU_CURVE)
@@ -123,28 +143,16 @@ def test_the_rule_speculates_less_when_the_round_is_full():
 
 
 def test_a_model_proposer_is_chosen_only_when_its_acceptance_pays_for_its_own_cost():
-    cost = FixedCost(calibration=CPU_CURVE)
+    cost = FixedCost(prior=CPU_CURVE)
     cost.extra["draft"] = 0.045  # the draft LM costs a whole target forward per round
     ctrl = AutoController(["ngram", "draft"], model_methods=["draft"], cost=cost)
     ctrl.sequences[1] = _Sequence(stats={"draft": AcceptanceStats(95, 100), "ngram": AcceptanceStats(5, 100)})
     ctrl.sequences[2] = _Sequence(stats={"draft": AcceptanceStats(30, 100), "ngram": AcceptanceStats(5, 100)},
                                   probe_due={"draft": 9, "ngram": 9})  # no probe due yet
-    a, b = _inputs(1), _inputs(2)
-    ctrl.plan([a])
-    ctrl.plan([b])
+    (a,) = ctrl.plan([_inputs(1)])
+    (b,) = ctrl.plan([_inputs(2)])
     assert (a.method, a.num_draft_tokens) == ("draft", 4)
     assert b.method == "none"  # 0.3 per token does not pay for a second forward
-
-
-def test_calibration_measures_the_forward_and_round_trips_through_its_file(tiny_lm, tmp_path):
-    scorer = TargetScorer(CachedCausalLM(tiny_lm))
-    curve = measure_score_cost(scorer, tiny_lm.config.vocab_size, positions=(1, 3), repeats=1)
-    assert set(curve) == {1, 3} and all(s > 0 for s in curve.values())
-    assert len(scorer.lm) == 0  # the scratch sequence was released
-    path = save_calibration(curve, tmp_path / "c.json")
-    assert load_calibration(path) == curve
-    path.write_text("{not json")
-    assert load_calibration(path) is None
 
 
 class Flaky(Proposer):
@@ -177,7 +185,7 @@ def test_auto_in_process_equals_plain_greedy_and_moves_to_none_and_back(tiny_lm,
         ref = tiny_lm.generate(torch.tensor([prompt]), max_new_tokens=90, do_sample=False, eos_token_id=None,
                                pad_token_id=0)[0, 3:].tolist()
     step = LocalStep({"flaky": Flaky(tiny_lm, switch_at=43)}, TargetScorer(CachedCausalLM(tiny_lm)))
-    ctrl = AutoController(["flaky"], cost=FixedCost(calibration=CPU_CURVE))
+    ctrl = AutoController(["flaky"], cost=FixedCost(prior=CPU_CURVE))
     gen = Generation(7, prompt, GenerationRequest("x", 90, speculative_method=AUTO), real_tokenizer, [], 256, 0)
     run_local(gen, step, controller=ctrl)
     assert gen.output_ids == ref
@@ -194,18 +202,8 @@ def test_auto_in_process_equals_plain_greedy_and_moves_to_none_and_back(tiny_lm,
                              256, 0), step)
 
 
-def test_the_calibration_curve_never_decreases_and_a_stale_file_is_ignored(tmp_path):
-    from spec_decode.engine.calibration import lower_envelope
-
-    assert lower_envelope({1: 0.08, 2: 0.11, 3: 0.16, 5: 0.10, 9: 0.12}) == {1: 0.08, 2: 0.10, 3: 0.10, 5: 0.10,
-                                                                          9: 0.12}
-    path = save_calibration({1: 0.05}, tmp_path / "c.json")
-    assert load_calibration(path, not_before=0) == {1: 0.05}
-    assert load_calibration(path, not_before=path.stat().st_mtime + 1) is None
-
-
 def test_a_new_sequence_probes_a_method_the_server_holds_low():
-    ctrl = AutoController(["suffix"], cost=FixedCost(calibration=CPU_CURVE))
+    ctrl = AutoController(["suffix"], cost=FixedCost(prior=CPU_CURVE))
     ctrl.server["suffix"] = AcceptanceStats(0, 200)  # the server's recent history: nothing accepted
     choices = _play(ctrl, 1, lambda t, k: k, 12)
     assert choices[0] == ("suffix", 1) and choices[-1] == ("suffix", 4)
@@ -214,7 +212,7 @@ def test_a_new_sequence_probes_a_method_the_server_holds_low():
 def test_a_proposer_that_rarely_drafts_is_weighed_by_how_often_it_does():
     """Suffix decoding drafts only on a match: with every draft accepted when it drafts, auto still asks it for the
     cap (a step without a match costs only the draft_model hop); its probes back off while it has nothing."""
-    cost = FixedCost(calibration=CPU_CURVE)
+    cost = FixedCost(prior=CPU_CURVE)
     cost.extra["draft_model"] = 0.002
     ctrl = AutoController(["suffix"], cost=cost)
     offered = []
@@ -224,8 +222,7 @@ def test_a_proposer_that_rarely_drafts_is_weighed_by_how_often_it_does():
 
     choices = []
     for t in range(40):  # a match every fourth step
-        inp = _inputs(1)
-        ctrl.plan([inp])
+        (inp,) = ctrl.plan([_inputs(1)])
         choices.append((inp.method, inp.num_draft_tokens))
         drafted = inp.num_draft_tokens if t % 4 == 0 else 0
         offered.append(drafted)
@@ -263,7 +260,7 @@ def test_auto_sampled_output_keeps_the_target_law(real_tokenizer):
                     joint[a, b] = p1[a] * p2[b] * law(prompt + [a, b])
         step = LocalStep({"draft": DraftModelProposer(CachedCausalLM(peaked_lm(1, 2.0, v))), "uniform": Uniform()},
                          TargetScorer(CachedCausalLM(lm)))
-        ctrl = AutoController(["draft", "uniform"], cost=FixedCost(calibration=CPU_CURVE))
+        ctrl = AutoController(["draft", "uniform"], cost=FixedCost(prior=CPU_CURVE))
         n, seen, chosen = 1500, [], set()
         for s in range(n):
             req = GenerationRequest("x", 3, temperature=1.0, random_seed=s, speculative_method=AUTO,
@@ -286,13 +283,12 @@ def test_auto_sampled_output_keeps_the_target_law(real_tokenizer):
 def test_one_sequence_gets_the_k_that_maximises_expected_tokens_per_second(alpha):
     """The rule against brute force on the measured CPU curve: k = argmax over 0..4 of
     expected_tokens(alpha, k) / c(k + 1)."""
-    cost = FixedCost(calibration=CPU_CURVE)
+    cost = FixedCost(prior=CPU_CURVE)
     ctrl = AutoController(["ngram"], cost=cost)
     n = 1e6
     ctrl.sequences[1] = _Sequence(stats={"ngram": AcceptanceStats(alpha * n, n)},
                                   offers={"ngram": AcceptanceStats(n, n)}, probe_due={"ngram": 99})
-    inp = _inputs(1)
-    ctrl.plan([inp])
+    (inp,) = ctrl.plan([_inputs(1)])
     best = max(range(5), key=lambda k: expected_tokens(alpha, k) / cost.predict(1, k + 1, ("draft_model",) if k
                                                                                  else ()))
     assert inp.num_draft_tokens == best

@@ -1,11 +1,11 @@
-"""spec_decode.chunked_prefill: a round's token budget over running steps and prompt chunks; outputs unchanged."""
+"""spec_decode.scheduler.chunked_prefill: a round's token budget over running steps and prompt chunks, spent by the
+target where its cache is known; outputs unchanged."""
 
 import random
 
 import pytest
 import torch
 
-from spec_decode.chunked_prefill import new_positions, plan_round, round_results
 from spec_decode.engine.kv_cache import CachedCausalLM
 from spec_decode.engine.model_loading import load_causal_lm
 from spec_decode.engine.scorer import TargetScorer
@@ -17,6 +17,7 @@ from spec_decode.proposers.speculators import aux_hidden_state_layers
 from spec_decode.protocol import StepInputs, StepResult
 from spec_decode.request import GenerationRequest
 from spec_decode.sampling import SamplingParams
+from spec_decode.scheduler.chunked_prefill import plan_round, round_results
 
 
 def _step(seq_id, n_ids, cached, k, method="suffix", processors=None):
@@ -24,27 +25,29 @@ def _step(seq_id, n_ids, cached, k, method="suffix", processors=None):
                       cached_len=cached)
 
 
-def test_running_steps_first_then_prompts_in_chunks_within_the_budget():
+def test_running_steps_first_then_prompts_with_their_share_of_the_budget():
     running = [_step(1, 300, 299, 4), _step(2, 200, 199, 4)]  # 5 positions each
     new = [_step(3, 1500, 0, 4), _step(4, 800, 0, 4)]
+    submitted = [StepInputs(**s.__dict__) for s in running + new]
     plan = plan_round(running + new, 64)
     assert plan[0] is running[0] and plan[1] is running[1]
-    chunk = plan[2]
-    assert chunk is not None and chunk.token_ids == new[0].token_ids[:54] and chunk.num_draft_tokens == 0
-    assert chunk.method == "none" and chunk.processors is None and chunk.step == new[0].step
+    share = plan[2]
+    assert share is not None and share.token_ids == new[0].token_ids and share.num_scheduled_tokens == 54
+    assert share.num_draft_tokens == 0 and share.step == new[0].step  # no room for drafts: none asked
     assert plan[3] is None  # the budget is spent: it waits
-    assert sum(new_positions(p) for p in plan if p is not None) == 64
+    assert running + new == submitted  # nothing submitted was changed
 
 
-def test_the_first_prompt_always_progresses_and_a_fitting_prompt_runs_whole():
+def test_the_first_prompt_always_progresses_and_a_fitting_prompt_keeps_its_drafts():
     busy = [_step(s, 100, 99, 7) for s in range(12)]  # 96 positions > the budget
-    (*_, chunk) = plan_round(busy + [_step(99, 500, 0, 4)], 64)
-    assert chunk is not None and len(chunk.token_ids) == 16  # a quarter of the budget
+    (*_, share) = plan_round(busy + [_step(99, 500, 0, 4)], 64)
+    assert share is not None and share.num_scheduled_tokens == 16  # a quarter of the budget
     last = _step(5, 300, 280, 4)  # 20 prompt tokens left + 4 drafts
-    assert plan_round([last], 64) == [last]
+    (whole,) = plan_round([last], 64)
+    assert whole is not None and (whole.num_draft_tokens, whole.num_scheduled_tokens) == (4, 64)
     (fewer,) = plan_round([last], 22)  # the prompt fits, two drafts do
     assert fewer is not None and fewer.token_ids == last.token_ids and fewer.num_draft_tokens == 2
-    assert plan_round([_step(6, 1000, 0, 4)], 0)[0].token_ids == list(range(1000))  # no budget: whole
+    assert plan_round([_step(6, 1000, 0, 4)], 0)[0] == _step(6, 1000, 0, 4)  # no budget: whole, no share
 
 
 def test_prompt_logprobs_requests_are_not_chunked():
@@ -55,14 +58,42 @@ def test_prompt_logprobs_requests_are_not_chunked():
 
 def test_round_results_map_chunks_and_waits_to_prefilled():
     inps = [_step(1, 300, 299, 4), _step(2, 1500, 0, 4), _step(3, 900, 100, 4)]
-    plan = [inps[0], inps[1].__class__(**{**inps[1].__dict__, "token_ids": inps[1].token_ids[:40]}), None]
-    ok, chunk = StepResult([1, 2], 4), StepResult([9], 0)
+    plan = plan_round(inps, 64)
+    assert plan[1] is not None and plan[1].num_scheduled_tokens == 59 and plan[2] is None
+    ok, chunk = StepResult([1, 2], 4), StepResult([], 0, cached_tokens=32, forward_seconds=0.1)
     out = round_results(inps, plan, [ok, chunk])
-    assert out[0] is ok and out[1].prefilled == 40 and not out[1].output_ids and out[2].prefilled == 100
+    assert out[0] is ok and out[1].prefilled == 32 + 59 and not out[1].output_ids and out[2].prefilled == 100
+    assert out[1].forward_seconds == 0.1
     err = RuntimeError("boom")
     assert round_results(inps, plan, [ok, err])[1] is err
     with pytest.raises(ValueError, match="1 results for the 2"):
         round_results(inps, plan, [ok])
+
+
+def test_the_target_spends_the_share_past_what_its_cache_holds(tiny_lm):
+    """TargetScorer.chunk_end and CachedCausalLM.held_prefix_len: a prompt whose leading blocks another sequence left
+    in the prefix cache runs whole within a share that its full length would not fit; an uncached one is cut; after
+    the pool evicted the blocks, the same prompt is cut again (the cache is asked, never guessed)."""
+    rng = random.Random(1)
+    prompt = [rng.randrange(97) for _ in range(100)]
+    lm = CachedCausalLM(tiny_lm, max_sequences=2, block_size=16, max_tokens=160)
+    scorer = TargetScorer(lm)
+    assert lm.held_prefix_len(1, prompt) == 0 and scorer.chunk_end(1, prompt, 0, None, 40) == 40
+    (chunk,) = scorer.score_batch([(1, prompt[:40], [], SamplingParams())])
+    assert chunk.cached == 0 and lm.held_prefix_len(1, prompt) == 40  # its own pages (one partial)
+    assert scorer.chunk_end(1, prompt, 0, None, 40) == 80  # the next chunk goes on from there
+    (rest,) = scorer.score_batch([(1, prompt, [], SamplingParams())])
+    assert rest.cached == 40
+    lm.release(1)  # its full pages stay cached for prefix reuse
+    other = prompt[:96] + [5, 6, 7]
+    assert lm.held_prefix_len(2, other) == 96 and scorer.chunk_end(2, other, 0, None, 8) is None
+    assert scorer.chunk_end(2, other, 2, None, 8) is None  # a step with drafts is never cut
+    (hit,) = scorer.score_batch([(2, other, [], SamplingParams())])
+    assert hit.cached == 96  # what the peek said
+    lm.release(2)
+    for s in range(3, 6):  # other prompts fill the pool: the cached pages go
+        scorer.score_batch([(s, [rng.randrange(97) for _ in range(150)], [], SamplingParams())])
+    assert lm.held_prefix_len(7, other) < 96 and scorer.chunk_end(7, other, 0, None, 8) is not None
 
 
 def test_chunked_prefill_gives_the_tokens_of_one_piece_prefill_for_every_method(tiny_dir, tiny_heads_params,
@@ -118,21 +149,29 @@ def test_chunked_prefill_on_the_embedded_model(real_model, real_tokenizer):
     assert outs[0] == outs[1] and len(outs[0]) == 8
 
 
-def test_the_prefix_tracker_counts_leading_blocks_the_target_was_sent():
-    from spec_decode.chunked_prefill import PrefixTracker
+def test_a_prompt_another_sequence_left_cached_gets_its_first_token_in_one_round(tiny_lm, real_tokenizer):
+    """Through the round loop (Scheduler.run_round, as generate's): with a budget of 32, a 150-token prompt takes
+    chunks; the same prompt again, its blocks in the target's prefix cache, runs whole in its first round; outputs
+    equal."""
+    rng = random.Random(2)
+    prompt = [rng.randrange(97) for _ in range(150)]
+    step = LocalStep({}, TargetScorer(CachedCausalLM(tiny_lm, max_tokens=4096)))
+    rounds, outs = [], []
+    for seq_id in (1, 2):
+        gen = Generation(seq_id, prompt, GenerationRequest("x", 6, speculative_method="none"), real_tokenizer, [],
+                         512, 0)
+        calls: list[int] = []
+        inner = step.scorer.score_batch
 
-    t = PrefixTracker(block_size=16, capacity_tokens=64)
-    shared = list(range(50))
-    assert t.cached_len(shared + [1, 2]) == 0
-    t.add(shared + [7] * 30)  # 5 full blocks; the capacity keeps the last 4
-    assert t.cached_len(shared + [1, 2]) == 0  # block 0 was forgotten first: no leading run
-    t.add(shared)
-    assert t.cached_len(shared + [1, 2]) == 48  # blocks 0..2 of the shared 50 tokens
-    assert t.cached_len(shared[:33]) == 32  # at most all but the last token, whole blocks
-    assert t.cached_len([9] + shared) == 0
-    off = PrefixTracker(capacity_tokens=0)  # the target has no prefix caching
-    off.add(shared)
-    assert off.cached_len(shared + [1]) == 0
-    # a new sequence that starts with the tracked blocks is budgeted only for the rest
-    inp = StepInputs(1, shared + [1, 2], 4, "suffix", SamplingParams(), 0, cached_len=t.cached_len(shared + [1, 2]))
-    assert new_positions(inp) == 52 - 48 + 4 and plan_round([inp], 32) == [inp]
+        def counted(items, calls=calls, inner=inner):
+            calls.append(len(items[0][1]))  # the tokens of the round's forward
+            return inner(items)
+
+        step.scorer.score_batch = counted
+        run_local(gen, step, max_num_batched_tokens=32)
+        step.scorer.score_batch = inner
+        rounds.append(calls)
+        outs.append(gen.output_ids)
+    assert rounds[0][:5] == [32, 64, 96, 128, 150]  # chunks of the uncached prompt, then its first step
+    assert rounds[1][0] == 150 and len(rounds[1]) == 6  # cached: the first round is its first step
+    assert outs[0] == outs[1]

@@ -6,7 +6,7 @@ import pytest
 from spec_decode.generation import Generation
 from spec_decode.protocol import StepResult
 from spec_decode.request import GenerationRequest
-from spec_decode.schedule import HeuristicK
+from spec_decode.scheduler.k_schedule import HeuristicK
 from spec_decode.settings import InvalidInputError
 from tests.helpers import plain_stop_cut
 

@@ -1,8 +1,8 @@
-"""spec_decode.schedule: k from step to step, and vLLM's disable_by_batch_size."""
+"""spec_decode.scheduler.k_schedule: k from step to step, and vLLM's disable_by_batch_size."""
 
 import pytest
 
-from spec_decode.schedule import ConstantK, HeuristicK, make_schedule, speculation_disabled
+from spec_decode.scheduler.k_schedule import ConstantK, HeuristicK, make_schedule, speculation_disabled
 
 
 def test_heuristic_grows_after_full_acceptance_shrinks_after_a_rejection_and_ignores_short_proposals():

@@ -39,7 +39,7 @@ from .paged_forward import (
     pack_round,
     unpack_round,
 )
-from .pages import BlockManager, OutOfPages, PagedSequence
+from .pages import ROOT_KEY, BlockManager, OutOfPages, PagedSequence
 
 if TYPE_CHECKING:
     from .cuda_graphs import CapturedForward
@@ -173,6 +173,29 @@ class CachedCausalLM:
         s = self._seqs.peek(seq_id)
         return None if s is None else list(s.ids)
 
+    def held_prefix_len(self, seq_id: int, token_ids: list[int]) -> int:
+        """Leading ``token_ids`` a forward of ``seq_id`` over them would reuse instead of computing: the common prefix
+        with what the sequence holds, extended by the registered full pages of the prefix index that follow it; at most
+        all but the last token. Nothing changes (no page is taken, no LRU order moves): what chunked prefill budgets
+        by (:meth:`~.scorer.TargetScorer.chunk_end`)."""
+        limit = len(token_ids) - 1
+        with self._lock:
+            seq = self._seqs.peek(seq_id)
+            keep = min(common_prefix_len(seq.ids, token_ids), limit) if seq is not None else 0
+            ps = self.block_size
+            if not self.prefix_caching or limit - keep < ps:  # as _prepare: too little left to look up
+                return max(keep, 0)
+            j = keep // ps
+            parent = self.pages.block_key(seq, j - 1) if seq is not None else ROOT_KEY
+            while parent is not None and (j + 1) * ps <= limit:
+                page = self.pages.lookup(parent, tuple(token_ids[j * ps : (j + 1) * ps]))
+                if page is None:
+                    break
+                parent = (page, self.pages.generation[page])
+                j += 1
+                keep = j * ps
+            return max(keep, 0)
+
     def release(self, seq_id: int) -> bool:
         """End ``seq_id``: its pages go back to the pool, full registered ones cached for prefix reuse (while the
         pool does not need them). Returns whether it had any."""
@@ -208,7 +231,8 @@ class CachedCausalLM:
         return self.logits_batch([(seq_id, token_ids, n_logits)])[0]
 
     @torch.inference_mode()
-    def logits_batch(self, calls: list[tuple[int, list[int], int]], hidden: bool = False) -> list:
+    def logits_batch(self, calls: list[tuple[int, list[int], int]], hidden: bool = False,
+                     reused: list[int] | None = None) -> list:
         """:meth:`logits` for several sequences in one forward pass (continuous batching of decode steps).
 
         Sequences with at most ``max_batched_new_tokens`` tokens to compute (decode and scoring steps) run together,
@@ -220,6 +244,8 @@ class CachedCausalLM:
             calls: (seq_id, token_ids, n_logits) per sequence, as for :meth:`logits`; seq_ids must be distinct.
             hidden: also return the last hidden states of those positions (the decoder's output, after its final norm:
                 what the LM head reads; with aux layers, their inputs after it).
+            reused: a list that receives, per call in order, the leading tokens its forward reused from the cache
+                (its own pages or the prefix index's) instead of computing them.
 
         Returns:
             per call, [n_logits, V] logits (model dtype) on the model's device; with ``hidden``, (logits, hidden
@@ -236,6 +262,8 @@ class CachedCausalLM:
         with self._lock:
             protect = {c[0] for c in calls}
             work = [self._prepare(seq_id, list(ids), n, protect) for seq_id, ids, n in calls]
+            if reused is not None:
+                reused += [w.row.cached for w in work]
             out: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(calls)
             alone = [i for i, w in enumerate(work) if len(w.row.new_ids) > self.max_batched_new_tokens]
             together = [i for i, w in enumerate(work) if len(w.row.new_ids) <= self.max_batched_new_tokens]

@@ -33,12 +33,15 @@ class Scores(NamedTuple):
             verifier then takes the log of ``probs``: ``processed``).
         prompt: the prompt tokens' log-probs (tokens 1..P-1; the raw log-softmax) on a sequence's first step when it
             asks for them (``prompt_logprobs`` >= 0), else None.
+        cached: leading token ids the forward reused from the target's cache instead of computing them (vLLM's
+            ``num_cached_tokens``).
     """
 
     probs: torch.Tensor
     hidden: torch.Tensor
     log_probs: torch.Tensor | None = None
     prompt: TokenLogprobs | None = None
+    cached: int = 0
 
 
 class TargetScorer:
@@ -102,8 +105,32 @@ class TargetScorer:
                 n = len(ids) + len(d)  # the first step: every prompt position too
             calls.append((seq_id, list(ids) + list(d), n))
             specs.append(spec)
-        out = self.lm.logits_batch(calls, hidden=True)
-        return [self._scores(lg, h, item, spec) for (lg, h), item, spec in zip(out, items, specs)]
+        reused: list[int] = []
+        out = self.lm.logits_batch(calls, hidden=True, reused=reused)
+        return [self._scores(lg, h, item, spec)._replace(cached=c)
+                for (lg, h), item, spec, c in zip(out, items, specs, reused)]
+
+    def chunk_end(self, seq_id: int, token_ids: list[int], num_drafts: int, spec: ProcessorSpec | None,
+                  budget: int) -> int | None:
+        """Chunked prefill, decided where the cache is known: where the prompt chunk of this step ends when its
+        uncached tokens exceed ``budget`` (the step's share of the round's token budget), else None (the step runs
+        whole). vLLM's scheduler budgets a request by its tokens past its prefix-cache hit the same way.
+
+        Only a step without drafts whose first step does not ask for the prompt's log-probs is cut. A chunk is scored
+        as ``token_ids[:end]`` without drafts or processors; its sampled token is discarded and its keys stay cached,
+        so the next step computes only what follows.
+
+        Args:
+            seq_id: the sequence. token_ids: its committed ids. num_drafts: the step's drafts (k).
+            spec: its processors, or None. budget: new positions it may compute (<= 0: no bound).
+
+        Returns:
+            the chunk's end (cached tokens + ``budget``), or None.
+        """
+        if budget <= 0 or num_drafts or (spec is not None and spec.prompt_logprobs_at(len(token_ids))):
+            return None
+        held = self.lm.held_prefix_len(seq_id, token_ids)
+        return held + budget if len(token_ids) - held > budget else None
 
     def _scores(self, logits: torch.Tensor, hidden: torch.Tensor, item: tuple, spec: ProcessorSpec | None) -> Scores:
         """One sequence's :class:`Scores` from its logits (the step's k+1 rows last, after any prompt rows)."""

@@ -10,7 +10,7 @@ None)`` per sequence, k' <= k.
 - :mod:`.speculators`: published speculator checkpoints (EAGLE, EAGLE-3, Medusa, MLP speculator, Arctic's): their
   detection, loading and the heads' proposers.
 
-How k changes from step to step is :mod:`spec_decode.schedule`.
+How k changes from step to step is :mod:`spec_decode.scheduler.k_schedule`.
 """
 
 from .base import Proposal, ProposalRequest, Proposer

@@ -24,7 +24,7 @@ from ..sampling import (
     race,
     sample_from,
 )
-from ..schedule import KSchedule, make_schedule
+from ..scheduler.k_schedule import KSchedule, make_schedule
 from ..settings import ConfigSettings
 
 if TYPE_CHECKING:
@@ -216,7 +216,7 @@ class Proposer:
             max_k: generate's ``max_num_draft_tokens``.
 
         Returns:
-            By default the configured schedule (:func:`~spec_decode.schedule.make_schedule`).
+            By default the configured schedule (:func:`~spec_decode.scheduler.k_schedule.make_schedule`).
         """
         return make_schedule(configured, max_k)
 

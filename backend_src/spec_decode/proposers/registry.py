@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..protocol import AUTO, NO_SPECULATION
-from ..schedule import ConstantK, KSchedule
+from ..scheduler.k_schedule import ConstantK, KSchedule
 from .base import Proposer
 from .draft_lm import DraftModelProposer
 from .eagle import Eagle3Proposer, EagleProposer

@@ -13,28 +13,18 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 import traceback
 
 import numpy as np
 
-from ..auto import AutoController, RoundCost
-from ..chunked_prefill import PrefixTracker, plan_round, round_results
-from ..engine.calibration import load_calibration
 from ..engine.model_loading import load_tokenizer, resolve_model_path
 from ..generation import Chunk, Generation
 from ..processors import TokenLogprobs, logprob_arrays
 from ..proposers import PROPOSERS, DraftLMSettings, DraftModelProposer, k_schedule, offered_methods
 from ..protocol import AUTO, StepInputs, StepResult
-from ..schedule import speculation_disabled
-from ..settings import (
-    DraftModelSettings,
-    GenerateSettings,
-    InvalidInputError,
-    TargetSettings,
-    one_of,
-    warn_unknown_parameters,
-)
+from ..scheduler.auto import AutoController
+from ..scheduler.plan import Scheduler
+from ..settings import DraftModelSettings, GenerateSettings, InvalidInputError, one_of, warn_unknown_parameters
 from .adapter import error_response, read_inputs, request_parameters
 from .generate_inputs import RequestLimits, check_parameters, parse_request
 from .metrics import Metrics, stats_tuple
@@ -45,7 +35,6 @@ from .wire import GENERATE_INPUTS, PROMPT_LOGPROB_OUTPUTS
 logger = logging.getLogger(__name__)
 
 ROUND_SECONDS = "spec_decode_round_seconds_total"
-CALIBRATION_MAX_AGE_S = 600.0  # target_model may finish loading (and calibrating) this long before generate does
 
 
 def end_token_ids(tokenizer, model_path) -> set[int]:
@@ -74,9 +63,6 @@ class GenerateBackend:
         draft_params: draft_model's config parameters, when its config.pbtxt is beside this model's
             (:func:`~.adapter.sibling_parameters`): generate's largest k is held to draft_model's, and
             ``draft_model_available: auto`` follows its ``draft_model_path``.
-        target_params: target_model's, likewise: chunked prefill counts the prompt blocks its prefix caching holds
-            (:class:`~spec_decode.chunked_prefill.PrefixTracker`, sized by its ``kv_cache_max_tokens``; off when its
-            ``enable_prefix_caching`` is false); None: its defaults.
 
     Raises:
         ValueError: a config parameter out of range or naming no tokenizer (named), a default method the server does
@@ -84,8 +70,7 @@ class GenerateBackend:
             draft LM.
     """
 
-    def __init__(self, params: dict[str, str], pb_utils, draft_params: dict[str, str] | None = None,
-                 target_params: dict[str, str] | None = None):
+    def __init__(self, params: dict[str, str], pb_utils, draft_params: dict[str, str] | None = None):
         warn_unknown_parameters("generate", params, set(GenerateSettings.parameter_names()))
         self.pb = pb_utils
         self.settings = s = GenerateSettings.from_params(params)
@@ -109,11 +94,7 @@ class GenerateBackend:
         # Steps of concurrent sequences start together so that they share forward passes (see rounds.py).
         self.rounds = StepRounds(self._run_round, max_wait_s=s.step_round_max_wait_ms / 1000)
         self._rng = random.Random()
-        target = TargetSettings.from_params(target_params or {})
-        budget = target.kv_cache_max_tokens or 1 << 20  # no bound: remember a million tokens' worth of blocks
-        self.prefixes = PrefixTracker(capacity_tokens=budget if target.enable_prefix_caching else 0)
-        self.auto = self._controller(served)
-        self._loaded_at = time.time()  # a calibration file older than this load (minus the models' own) is stale
+        self.scheduler = Scheduler(s.max_num_batched_tokens, s.disable_by_batch_size, self._controller(served))
         self.metrics = Metrics(pb_utils)
         self.metrics.set("spec_decode_running_sequences", 0)
 
@@ -121,7 +102,7 @@ class GenerateBackend:
     def _controller(served: tuple[str, ...]) -> AutoController:
         """speculative_method=auto's controller over the served single proposers (hybrid only composes them)."""
         singles = [m for m in served if m in PROPOSERS and m != "hybrid"]
-        return AutoController(singles, [m for m in singles if PROPOSERS[m].applies_processors], cost=RoundCost())
+        return AutoController(singles, [m for m in singles if PROPOSERS[m].applies_processors])
 
     def _offered_methods(self, draft_params: dict[str, str] | None) -> tuple[str, ...]:
         """The methods draft_model serves (:func:`~spec_decode.proposers.offered_methods`), checking generate's
@@ -148,10 +129,8 @@ class GenerateBackend:
         prompt_ids = self.tokenizer(req.text_input)["input_ids"]
         seed = req.random_seed if req.random_seed is not None else self._rng.getrandbits(63)
         seq_id = self._rng.getrandbits(63)
-        gen = Generation(seq_id, prompt_ids, req, self.tokenizer, self.eos_ids, s.max_model_len, seed,
-                         k_schedule(req.speculative_method, s.num_draft_tokens_schedule, s.max_num_draft_tokens))
-        gen.cached_len = self.prefixes.cached_len(prompt_ids)  # blocks an earlier sequence left in the target
-        return gen
+        return Generation(seq_id, prompt_ids, req, self.tokenizer, self.eos_ids, s.max_model_len, seed,
+                          k_schedule(req.speculative_method, s.num_draft_tokens_schedule, s.max_num_draft_tokens))
 
     def _response(self, gen: Generation, chunk: Chunk, prefix: str = "", first: bool = False):
         pb = self.pb
@@ -214,10 +193,7 @@ class GenerateBackend:
                     if sender.is_cancelled():
                         gen.cancel()
                         break
-                    inp = gen.next_step()
-                    if speculation_disabled(self.running, self.settings.disable_by_batch_size):
-                        inp.num_draft_tokens = 0
-                    result = await self.rounds.submit(inp)
+                    ran, result = await self.rounds.submit(gen.next_step())
                     if sender.is_cancelled():  # the client left during the step: send and count nothing more
                         gen.cancel()
                         break
@@ -225,12 +201,10 @@ class GenerateBackend:
                         gen.commit(result)
                         continue
                     before = stats_tuple(gen.stats)
-                    chunk = gen.commit(result, inp)
-                    if gen.stats.steps == 1:  # the target holds the prompt now: later prompts starting with it reuse it
-                        self.prefixes.add(gen.token_ids[: gen.prompt_len])
-                    self.metrics.record_step(req.speculative_method, inp.num_draft_tokens, before, gen.stats)
-                    if inp.auto:
-                        self._record_choice(inp.method, before, gen.stats)
+                    chunk = gen.commit(result, ran)
+                    self.metrics.record_step(req.speculative_method, ran.num_draft_tokens, before, gen.stats)
+                    if ran.auto:
+                        self._record_choice(ran.method, before, gen.stats)
                     if req.stream:
                         if chunk.finished:
                             break
@@ -263,39 +237,27 @@ class GenerateBackend:
             except Exception:  # noqa: BLE001 - the stream may already be closed
                 pass
         finally:
-            if gen.stats.steps:  # the target computed its tokens: later prompts that start with them reuse its blocks
-                self.prefixes.add(gen.token_ids)
             await self.step.release(gen)
-            self.auto.release(gen.seq_id)
+            self.scheduler.release(gen.seq_id)
             self.metrics.add("spec_decode_requests_total", 1, method=req.speculative_method,
                              finish_reason=gen.finish_reason or "error")
             self._set_running(-1)
 
-    async def _run_round(self, inps: list[StepInputs]) -> list[StepResult | BaseException]:
-        """One round of steps (:class:`StepRounds`) within ``max_num_batched_tokens``
-        (:func:`~spec_decode.chunked_prefill.plan_round`: prompts prefilled in chunks beside the running sequences):
-        one batched request through the transport. Its stages' times go to ``spec_decode_round_seconds_total``."""
-        t0 = time.perf_counter()
-        if any(i.auto for i in inps):
-            if not self.auto.cost.calibrated:  # target_model writes its curve at load (engine/calibration.py)
-                curve = load_calibration(not_before=self._loaded_at - CALIBRATION_MAX_AGE_S)
-                if curve:
-                    self.auto.cost.calibrate(curve)
-            self.auto.plan(inps)
-        plan = plan_round(inps, self.settings.max_num_batched_tokens)
-        run = [p for p in plan if p is not None]
-        start = time.perf_counter()
-        self.metrics.add(ROUND_SECONDS, start - t0, stage="plan")
-        results = round_results(inps, plan, await self.step.run_batch(run) if run else [])
-        self.auto.observe(inps, results, time.perf_counter() - start)  # every round's time teaches the cost model
+    async def _run_round(self, steps: list[StepInputs]) -> list[tuple[StepInputs, StepResult] | BaseException]:
+        """One round of steps (:class:`StepRounds`): the scheduler plans it (speculation under load, ``auto``,
+        ``max_num_batched_tokens``: :class:`~spec_decode.scheduler.plan.Scheduler`) and sends what runs as one
+        batched request through the transport. Returns per step the step as it ran and its result (or the exception
+        that fails it); the stages' times go to ``spec_decode_round_seconds_total``."""
+        plan, results = await self.scheduler.run_round(steps, self.step.run_batch, running=self.running)
         self._record_round()
-        return results
+        return [r if isinstance(r, BaseException) else (plan.as_run(i), r) for i, r in enumerate(results)]
 
     def _record_round(self) -> None:
         """Count a round and bring ``spec_decode_round_seconds_total`` up to the transport's and the rounds' own
         totals (:attr:`TritonStep.stage_seconds`, :attr:`StepRounds.between_s`)."""
         self.metrics.add("spec_decode_rounds_total", 1)
-        totals = {**getattr(self.step, "stage_seconds", {}), "between_rounds": self.rounds.between_s}
+        totals = {**getattr(self.step, "stage_seconds", {}), "plan": self.scheduler.plan_seconds,
+                  "between_rounds": self.rounds.between_s}
         for stage, total in totals.items():
             self.metrics.add(ROUND_SECONDS, max(0.0, total - self.metrics.get(ROUND_SECONDS, stage=stage)),
                              stage=stage)

@@ -90,6 +90,8 @@ class LocalEnsemble:
                                              np.asarray(o["top_log_prob_ids"]).tolist(),
                                              np.asarray(o["top_log_probs"]).tolist())
             p = o["scored"]
+            res.cached_tokens = int(np.asarray(p["num_cached_tokens"]).reshape(-1)[0])
+            res.forward_seconds = float(np.asarray(p["target_forward_seconds"]).reshape(-1)[0])
             if spec is not None and spec.prompt_logprobs_at(len(inp.token_ids)):
                 res.prompt = TokenLogprobs(p["prompt_log_probs"].tolist(), p["prompt_token_ranks"].tolist(),
                                            p["prompt_top_log_prob_ids"].tolist(), p["prompt_top_log_probs"].tolist())

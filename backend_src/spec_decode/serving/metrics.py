@@ -67,8 +67,6 @@ METRICS: dict[str, tuple[str, str]] = {
     "spec_decode_target_model_io_seconds_total": (COUNTER, "Time target_model spent reading its request tensors "
                                                            "(stage=decode_inputs) and building its response tensors "
                                                            "(stage=encode_outputs), seconds"),
-    "spec_decode_target_calibration_seconds": (GAUGE, "The target's forward over one sequence, measured at load, by "
-                                                      "new positions (seconds; speculative_method=auto's cost curve)"),
     "spec_decode_target_kv_cache_sequences": (GAUGE, "Sequences holding a KV cache in the target"),
     "spec_decode_target_kv_cache_tokens": (GAUGE, "Tokens held in the target's KV caches of running sequences"),
     "spec_decode_target_kv_cache_allocated_tokens": (GAUGE, "Positions allocated by the target's KV caches, running "

@@ -29,8 +29,9 @@ def round_inputs(inps: list[StepInputs], release: bool) -> dict[str, np.ndarray]
     (:class:`~.local_ensemble.LocalEnsemble`).
 
     Every round carries ``seeded`` (draft_model's and the verifier's: a seeded sampled row is verified by the coupled
-    race). A round in which some sequence drafts, and a release, carry ``num_draft_tokens`` and ``speculative_method``
-    for draft_model (``spec_step``), and, when a drafting row's proposer reads the target's hidden states,
+    race); a round with a prompt being prefilled, ``num_scheduled_tokens`` (target_model's chunked prefill). A round in
+    which some sequence drafts, and a release, carry ``num_draft_tokens`` and ``speculative_method`` for draft_model
+    (``spec_step``), and, when a drafting row's proposer reads the target's hidden states,
     ``context_hidden_states`` [B, m, H] (rows zero-padded) with ``num_context_hidden_states`` [B, 1]; a round in which
     none drafts carries empty ``draft_token_ids`` [B, 0] and ``draft_probs`` [B, 0, 0] instead (``score_step``: no
     draft_model).
@@ -50,6 +51,8 @@ def round_inputs(inps: list[StepInputs], release: bool) -> dict[str, np.ndarray]
         ("acceptance_method", [i.acceptance_method.encode() for i in inps]),
         ("seeded", [p.seeded for p in params]))}  # also for the verifier: seeded rows are coupled (docs/verifier.md)
     out["token_ids"] = stack_rows([np.asarray(i.token_ids, STEP["token_ids"].numpy_dtype) for i in inps])
+    if not release and any(i.num_scheduled_tokens for i in inps):
+        out["num_scheduled_tokens"] = col("num_scheduled_tokens", [i.num_scheduled_tokens for i in inps])
     if not release and any(i.processors is not None for i in inps):
         out["logits_processors"] = col("logits_processors", [(i.processors.wire_text if i.processors else "").encode()
                                                              for i in inps])
@@ -146,6 +149,15 @@ def processor_spec(inputs: dict) -> ProcessorSpec | None:
         InvalidInputError: text that is not a valid spec (naming the field at fault).
     """
     return parse_spec(text(inputs, "logits_processors", ""))
+
+
+def scheduled_tokens(inputs: dict) -> int:
+    """The row's ``num_scheduled_tokens``: its share of the round's token budget (0, or absent: no bound).
+
+    Raises:
+        InvalidInputError: a value outside [0, 2^31).
+    """
+    return in_range("num_scheduled_tokens", int(scalar(inputs, "num_scheduled_tokens", 0)), 0, MAX_TOKEN_ID)
 
 
 def acceptance_method(inputs: dict) -> str:

@@ -21,9 +21,9 @@ import logging
 import time
 from functools import partial
 
+import numpy as np
 import torch
 
-from ..engine.calibration import measure_score_cost, save_calibration
 from ..engine.model_loading import load_cached_lm, load_tokenizer, resolve_model_path
 from ..engine.scorer import Scores, TargetScorer
 from ..processors import TokenLogprobs, logprob_arrays
@@ -31,7 +31,15 @@ from ..processors.grammar import GrammarCache
 from ..settings import InvalidInputError, TargetSettings
 from .batching import BatchedBackend, Work
 from .metrics import Metrics
-from .step_inputs import draft_token_ids, is_release, processor_spec, sampling_params, sequence_id, token_ids
+from .step_inputs import (
+    draft_token_ids,
+    is_release,
+    processor_spec,
+    sampling_params,
+    scheduled_tokens,
+    sequence_id,
+    token_ids,
+)
 from .wire import PROMPT_LOGPROB_OUTPUTS, TARGET_MODEL_INPUTS
 
 logger = logging.getLogger(__name__)
@@ -60,14 +68,30 @@ _NO_ROWS = torch.zeros((0, 0), dtype=torch.float32)
 _NO_ARGMAX = {"target_argmax": torch.zeros(0, dtype=torch.int64), "target_argmax_probs": torch.zeros(0)}
 
 
-def _outputs(scores: Scores, argmax_only: bool = False) -> dict:
-    """A row's scores as target_model's outputs (float32). ``argmax_only`` (a greedy row without log-probs: the
-    verifier's argmax walk reads nothing else): the k+1 argmax ids (the lowest index on ties, as the samplers) and
-    their probabilities in ``target_argmax`` / ``target_argmax_probs``, and ``target_probs`` [0, 0] instead of its
-    [k+1, V] rows."""
+def _facts(cached: int, seconds: float) -> dict:
+    """``num_cached_tokens`` and ``target_forward_seconds`` of a row."""
+    return {"num_cached_tokens": np.array([cached], np.int32),
+            "target_forward_seconds": np.array([seconds], np.float32)}
+
+
+def _chunk_outputs(result: tuple[Scores, float]) -> dict:
+    """A prompt chunk's outputs (:meth:`~spec_decode.engine.scorer.TargetScorer.chunk_end`): nothing scored (the
+    verifier answers such a row with no token), the positions reused before it and the forward's seconds."""
+    scores, seconds = result
+    return {"target_probs": _NO_ROWS, "hidden_states": _NO_ROWS, "log_probs": _NO_ROWS, **prompt_outputs(None),
+            **_NO_ARGMAX, **_facts(scores.cached, seconds)}
+
+
+def _outputs(result: tuple[Scores, float], argmax_only: bool = False) -> dict:
+    """A row's (scores, forward seconds) as target_model's outputs (float32). ``argmax_only`` (a greedy row without
+    log-probs: the verifier's argmax walk reads nothing else): the k+1 argmax ids (the lowest index on ties, as the
+    samplers) and their probabilities in ``target_argmax`` / ``target_argmax_probs``, and ``target_probs`` [0, 0]
+    instead of its [k+1, V] rows."""
+    scores, seconds = result
     lp = scores.log_probs if scores.log_probs is not None else _NO_ROWS
     probs = scores.probs.float()
-    out = {"hidden_states": scores.hidden.float(), "log_probs": lp, **prompt_outputs(scores.prompt)}
+    out = {"hidden_states": scores.hidden.float(), "log_probs": lp, **prompt_outputs(scores.prompt),
+           **_facts(scores.cached, seconds)}
     if not argmax_only:
         return out | {"target_probs": probs} | _NO_ARGMAX
     best = probs.argmax(-1)
@@ -102,24 +126,7 @@ class TargetBackend(BatchedBackend):
         self.model_path = path
         self.scorer = TargetScorer(self.lm, self.settings.logprobs_mode)  # grammar matchers: at the first guide
         self._exported_prefix_stats = (0, 0, 0)  # prefix_stats as last exported (queries, hits, reused tokens)
-        if self.settings.calibrate_at_load:
-            self._calibrate()
         self._refresh_gauges()
-
-    def _calibrate(self) -> None:
-        """Time the forward over 1..17 new positions for generate's auto controller and export the curve
-        (:mod:`~spec_decode.engine.calibration`); a failure is logged and the load goes on (auto then learns the
-        costs from round times alone)."""
-        try:
-            curve = measure_score_cost(self.scorer, self.lm.vocab_size)
-            path = save_calibration(curve)
-        except Exception as e:  # noqa: BLE001 - the calibration is an optimisation, never a reason to fail the load
-            logger.warning("target_model: no calibration for speculative_method=auto (%s)", e)
-            return
-        for n, seconds in curve.items():
-            self.metrics.set("spec_decode_target_calibration_seconds", seconds, positions=str(n))
-        logger.info("target_model: forward seconds by new positions %s (%s)",
-                    {n: round(s, 4) for n, s in curve.items()}, path)
 
     def _aux_layers(self, path, draft_params: dict[str, str] | None) -> tuple[int, ...]:
         """The layers of ``aux_hidden_state_layers`` (``auto``: those the EAGLE-3 heads of draft_model's
@@ -155,15 +162,16 @@ class TargetBackend(BatchedBackend):
     def _run_group(self, group, items: list[tuple]) -> list:  # the k+1 positions of several sequences in one forward
         start = time.perf_counter()
         out = self.scorer.score_batch(items)
-        self.metrics.add("spec_decode_score_seconds_total", time.perf_counter() - start)
-        return out
+        seconds = time.perf_counter() - start
+        self.metrics.add("spec_decode_score_seconds_total", seconds)
+        return [(scores, seconds) for scores in out]
 
     def _plan(self, inputs: dict):
         seq_id = sequence_id(inputs)
         if is_release(inputs):
             self.scorer.release(seq_id)
             return {"target_probs": _NO_ROWS, "hidden_states": _NO_ROWS, "log_probs": _NO_ROWS, **prompt_outputs(None),
-                    **_NO_ARGMAX}
+                    **_NO_ARGMAX, **_facts(0, 0.0)}
         drafts = draft_token_ids(inputs, self.lm.vocab_size)
         ids, params, spec = token_ids(inputs), sampling_params(inputs), processor_spec(inputs)
         self.lm.check(ids + drafts, len(drafts) + 1)
@@ -172,5 +180,8 @@ class TargetBackend(BatchedBackend):
                                                          f"{len(ids)} token ids")
         if spec is not None and spec.guide_type and self.scorer.grammar is None:
             self.scorer.grammar = grammar_cache(self.model_path, self.lm.vocab_size, self.settings.max_sequences)
+        end = self.scorer.chunk_end(seq_id, ids, len(drafts), spec, scheduled_tokens(inputs))
+        if end is not None:  # chunked prefill: this step computes part of the prompt and scores nothing
+            return Work(seq_id, (seq_id, ids[:end], [], params, None), _chunk_outputs)
         argmax_only = params.is_greedy and (spec is None or not spec.logprobs)
         return Work(seq_id, (seq_id, ids, drafts, params, spec), partial(_outputs, argmax_only=argmax_only))

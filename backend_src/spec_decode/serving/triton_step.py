@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 MAX_PENDING_RELEASES = 256  # failed releases kept to send again (TritonStep.release)
 LOGPROB_OUTPUTS = ("output_token_ranks", "top_log_probs", "top_log_prob_ids")
+TARGET_FACTS = ("num_cached_tokens", "target_forward_seconds")  # StepResult.cached_tokens, .forward_seconds
 
 
 def _first_with_prompt_logprobs(inp: StepInputs) -> bool:
@@ -90,6 +91,8 @@ class TritonStep:
             model, outputs = self.model_name, ["output_ids", "output_log_probs", "draft_token_ids"]
         else:
             model, outputs = self.plain_model_name, ["output_ids", "output_log_probs"]
+        if not release:
+            outputs += list(TARGET_FACTS)
         if not release and any(needs_hidden_states(i.method) for i in inps):  # only then: a tensor less per step
             outputs.append("hidden_states")
         if not release and any(i.processors is not None and i.processors.logprobs for i in inps):
@@ -119,6 +122,7 @@ class TritonStep:
         lps = get(resp, "output_log_probs").as_numpy().reshape(len(inps), -1)
         drafted = get(resp, "draft_token_ids")
         drafted = None if drafted is None else drafted.as_numpy().reshape(len(inps), -1)
+        cached, forward = (_host_array(get(resp, name)) for name in TARGET_FACTS)
         hidden = _host_array(get(resp, "hidden_states"))
         asked = {name: _host_array(get(resp, name)) for name in (*LOGPROB_OUTPUTS, *PROMPT_LOGPROB_OUTPUTS)}
         out = []
@@ -127,6 +131,8 @@ class TritonStep:
             k = 0 if drafted is None else len(strip_padding(drafted[row]))
             h = None if hidden is None or hidden.ndim != 3 else hidden[row, :n].copy()
             res = StepResult(ids[row, :n].tolist(), k, lps[row, :n].tolist(), h)
+            if cached is not None and forward is not None:
+                res.cached_tokens, res.forward_seconds = int(cached.reshape(-1)[row]), float(forward.reshape(-1)[row])
             spec = inp.processors
             if spec is not None and spec.logprobs and asked["output_token_ranks"] is not None:
                 res.logprobs = _logprobs(asked, LOGPROB_OUTPUTS, row, n, spec.top_logprobs, res.log_probs or [])

@@ -125,10 +125,14 @@ class VerifierBackend(BatchedBackend):
 
     @staticmethod
     def _is_release(inputs: dict) -> bool:
-        """A release reaches the verifier as target_probs with no rows and no argmax (target_model's output for
-        it)."""
+        """A row target_model scored nothing for reaches the verifier as no argmax and target_probs with no rows, or,
+        padded in a batch, a first row of zeros (no probability row is all zero): a release, or a prompt chunk of
+        chunked prefill. It is answered with no token."""
         tp = inputs.get("target_probs")
-        return tp is not None and torch.as_tensor(tp).shape[0] == 0 and not _argmax_ids(inputs)
+        if tp is None or _argmax_ids(inputs):
+            return False
+        tp = torch.as_tensor(tp)
+        return tp.shape[0] == 0 or not bool(tp[0].any())
 
     def _plan(self, inputs: dict):
         if self._is_release(inputs):

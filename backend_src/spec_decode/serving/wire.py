@@ -93,6 +93,11 @@ STEP: dict[str, Tensor] = _table(
     Tensor("prompt_token_ranks", "INT64", (-1,)),
     Tensor("prompt_top_log_probs", "FP32", (-1, -1)),
     Tensor("prompt_top_log_prob_ids", "INT64", (-1, -1)),
+    # the row's share of the round's token budget (chunked prefill): new positions target_model may compute for it; a
+    # row without drafts whose uncached prompt is longer is prefilled in part, and scores nothing (0: no bound)
+    Tensor("num_scheduled_tokens", "INT32", (1,)),
+    Tensor("num_cached_tokens", "INT32", (1,)),  # leading token_ids the target reused from its cache (vLLM's name)
+    Tensor("target_forward_seconds", "FP32", (1,)),  # the forward that scored the row (shared by its batch)
 )
 
 # generate's client tensors (TensorRT-LLM / vLLM backend names).
@@ -186,7 +191,9 @@ class ModelWire:
 
 _DRAFT_IN = ("sequence_id token_ids num_draft_tokens speculative_method temperature top_k top_p random_seed seeded "
              "step release context_hidden_states num_context_hidden_states logits_processors")
-_TARGET_IN = "sequence_id token_ids draft_token_ids temperature top_k top_p release logits_processors"
+_TARGET_IN = ("sequence_id token_ids draft_token_ids temperature top_k top_p release logits_processors "
+              "num_scheduled_tokens")
+_TARGET_FACTS = "num_cached_tokens target_forward_seconds"  # what the target measured: generate's scheduler reads them
 _VERIFIER_IN = ("target_probs draft_token_ids draft_probs temperature random_seed step acceptance_method "
                 "logits_processors log_probs token_ids seeded target_argmax target_argmax_probs")
 _PROMPT_OUT = "prompt_log_probs prompt_token_ranks prompt_top_log_probs prompt_top_log_prob_ids"
@@ -213,8 +220,9 @@ MODELS: dict[str, ModelWire] = {
               ragged="token_ids context_hidden_states"),
         _pick(STEP, "draft_token_ids draft_probs")),
     "target_model": ModelWire(
-        _pick(STEP, _TARGET_IN, optional="logits_processors", ragged="token_ids draft_token_ids"),
-        _pick(STEP, "target_probs hidden_states log_probs " + _PROMPT_OUT + " target_argmax target_argmax_probs")),
+        _pick(STEP, _TARGET_IN, optional="logits_processors num_scheduled_tokens", ragged="token_ids draft_token_ids"),
+        _pick(STEP, "target_probs hidden_states log_probs " + _PROMPT_OUT + " target_argmax target_argmax_probs "
+              + _TARGET_FACTS)),
     "verifier": ModelWire(
         _pick(STEP, _VERIFIER_IN, optional="logits_processors log_probs seeded target_argmax target_argmax_probs",
               ragged="token_ids"),
@@ -222,14 +230,15 @@ MODELS: dict[str, ModelWire] = {
     SPEC_STEP: ModelWire(
         _pick(STEP, "sequence_id token_ids num_draft_tokens speculative_method temperature top_k top_p random_seed "
                     "seeded step release acceptance_method context_hidden_states num_context_hidden_states "
-                    "logits_processors",
-              optional="context_hidden_states num_context_hidden_states logits_processors"),
-        _pick(STEP, "output_ids output_log_probs hidden_states draft_token_ids " + _LOGPROBS_OUT),
+                    "logits_processors num_scheduled_tokens",
+              optional="context_hidden_states num_context_hidden_states logits_processors num_scheduled_tokens"),
+        _pick(STEP, "output_ids output_log_probs hidden_states draft_token_ids " + _LOGPROBS_OUT + " " + _TARGET_FACTS),
         steps=("draft_model", "target_model", "verifier")),
     SCORE_STEP: ModelWire(
         _pick(STEP, "sequence_id token_ids draft_token_ids draft_probs temperature top_k top_p random_seed step "
-                    "release acceptance_method logits_processors seeded", optional="logits_processors seeded"),
-        _pick(STEP, "output_ids output_log_probs hidden_states " + _LOGPROBS_OUT),
+                    "release acceptance_method logits_processors seeded num_scheduled_tokens",
+              optional="logits_processors seeded num_scheduled_tokens"),
+        _pick(STEP, "output_ids output_log_probs hidden_states " + _LOGPROBS_OUT + " " + _TARGET_FACTS),
         steps=("target_model", "verifier")),
 }
 

@@ -12,10 +12,8 @@ class TritonPythonModel:
     """The Python backend's entry points for ``generate`` (decoupled: responses go through each request's sender)."""
 
     def initialize(self, args):
-        """Build the backend from generate's config.pbtxt parameters and, when beside it, draft_model's and
-        target_model's."""
-        self.backend = GenerateBackend(model_parameters(args), pb_utils, sibling_parameters(args, "draft_model"),
-                                       sibling_parameters(args, "target_model"))
+        """Build the backend from generate's config.pbtxt parameters and, when beside it, draft_model's."""
+        self.backend = GenerateBackend(model_parameters(args), pb_utils, sibling_parameters(args, "draft_model"))
 
     async def execute(self, requests):
         """Serve the requests concurrently, each to completion; returns None (decoupled)."""

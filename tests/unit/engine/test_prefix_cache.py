@@ -1,4 +1,4 @@
-"""spec_decode.engine.kv_cache: prefix caching across sequences (hash chain over full blocks) and the token budget."""
+"""spec_decode.engine.kv_cache: prefix caching across sequences (the page chain of full blocks) and the token budget."""
 
 import random
 import subprocess
@@ -7,23 +7,12 @@ import textwrap
 
 import torch
 
-from spec_decode.engine.blocks import block_hashes
 from spec_decode.engine.kv_cache import CachedCausalLM
 
 
 def _full_logits(model, ids):
     with torch.inference_mode():
         return model(input_ids=torch.tensor([ids])).logits[0]
-
-
-def test_block_hashes_are_a_chain_over_full_blocks():
-    a = block_hashes(list(range(40)), 16)
-    assert len(a) == 2  # two full blocks; the last 8 tokens are not a block
-    assert block_hashes(list(range(33)), 16) == a
-    b = block_hashes([99] + list(range(1, 40)), 16)
-    assert b[0] != a[0] and b[1] != a[1]  # block 1 has the same ids, but its key depends on block 0
-    prev = a[:1]
-    assert block_hashes(list(range(40)), 16, 1, prev) == a and prev == a  # extended in place from block 1
 
 
 def test_a_shared_prefix_is_shared_not_computed_and_logits_equal_a_full_forward(tiny_lm):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spec_decode.proposers import registry
-from spec_decode.schedule import ConstantK, HeuristicK
+from spec_decode.scheduler.k_schedule import ConstantK, HeuristicK
 
 CONTRIBUTING = Path(__file__).resolve().parents[3] / "CONTRIBUTING.md"
 

@@ -7,15 +7,14 @@ round emits per second of round time. With a per-token acceptance rate alpha, a 
 ``(1 - alpha**(k+1)) / (1 - alpha)`` tokens in expectation (Leviathan et al. 2023, "Fast Inference from Transformers
 via Speculative Decoding", eq. 1), and the round costs ``c(P)`` seconds for the P positions it scores.
 
-Three parts, no I/O (the ``generate`` model and :func:`spec_decode.in_process.run_local` feed them):
+Three parts, no I/O (the round's :class:`~.plan.Scheduler` feeds them, in generate and in process alike):
 
 - :class:`AcceptanceStats`: each sequence's acceptance per proposer, as decayed Bernoulli counts, with a prior from
   the server's recent acceptance of that proposer (what a sequence that has not tried it starts from), and probes
   with exponential backoff of a proposer the rule left;
-- :class:`~spec_decode.round_cost.RoundCost` (:mod:`spec_decode.round_cost`): the round's cost as a function of
-  the sequences in it and the positions it scores, from a calibration of the target at load
-  (:mod:`spec_decode.engine.calibration`) anchored to the round times measured since, plus what each model
-  proposer and the draft_model hop add to a round;
+- :class:`~.round_cost.RoundCost`: the round's cost as a function of the sequences in it and the positions it
+  scores, learned from the target's forward seconds each round reports and the round's own time, plus what each
+  model proposer and the draft_model hop add to a round;
 - :class:`AutoController`: plans a round (every ``auto`` row's method and k at once, so that at high load the round
   speculates less) and learns from its results.
 
@@ -27,9 +26,9 @@ output stays the target's own and rejection sampling keeps the target's distribu
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from .protocol import AUTO, NO_SPECULATION, StepInputs, StepResult
+from ..protocol import AUTO, NO_SPECULATION, StepInputs, StepResult
 from .round_cost import DRAFT_HOP, RoundCost
 
 
@@ -125,7 +124,7 @@ class AutoController:
             :meth:`plan`).
         max_idle_backoff: the most steps between two probes of a method that drafted nothing (no match yet; >= 1):
             such a probe costs only the draft_model hop, and a match may come at any step.
-        cost: the round cost model (default: uncalibrated).
+        cost: the round cost model (default: a new :class:`RoundCost`, learned from the rounds).
 
     Raises:
         ValueError: a factor outside (0, 1], a negative prior_weight, a backoff < 1, or a model method not in
@@ -170,9 +169,9 @@ class AutoController:
             return prior
         return (mine.successes + w * prior) / (mine.trials + w)
 
-    def plan(self, inps: list[StepInputs]) -> None:
-        """Choose, in place, the method and k of each auto row of a round (``inp.auto``; its ``num_draft_tokens``
-        is its cap); the other rows are fixed and only counted in the round's cost.
+    def plan(self, inps: Sequence[StepInputs]) -> list[StepInputs]:
+        """The round's steps with the method and k of each auto row chosen (``inp.auto``; its ``num_draft_tokens``
+        is its cap): new inputs for those rows, the others as given (fixed, only counted in the round's cost).
 
         Greedy on the round's goodput (expected tokens / predicted seconds), as SmartSpec's batch-level choice: from
         every auto row at k = 0, repeatedly take the move that raises the goodput most, where a row without a
@@ -191,7 +190,7 @@ class AutoController:
         """
         rows = [_Row(i, inp.seq_id, inp.num_draft_tokens) for i, inp in enumerate(inps) if inp.auto]
         if not rows:
-            return
+            return list(inps)
         fixed = [inp for inp in inps if not inp.auto and inp.drafts]
         used = {inp.method for inp in fixed if inp.method in self.model_methods} | ({DRAFT_HOP} if fixed else set())
         positions = float(len(inps) + sum(inp.num_draft_tokens for inp in fixed))
@@ -239,24 +238,33 @@ class AutoController:
                        and (seq.probe_due.get(m, 0) if seq is not None else 0) <= steps]
                 if due:  # a probe of the most promising method given up on
                     r.method, r.k = max(due, key=lambda m: r.alphas[m]), 1
-            inp = inps[r.index]
-            inp.method = r.method if r.k > 0 and r.method else NO_SPECULATION
-            inp.num_draft_tokens = r.k if inp.method != NO_SPECULATION else 0
+        out = list(inps)
+        for r in rows:
+            method = r.method if r.k > 0 and r.method else NO_SPECULATION
+            k = r.k if method != NO_SPECULATION else 0
+            out[r.index] = replace(inps[r.index], method=method, num_draft_tokens=k)
+        return out
 
     def observe(self, inps: Sequence[StepInputs], results: Sequence[StepResult | BaseException],
                 seconds: float) -> None:
-        """Learn from a finished round: each auto row's acceptance (its sequence's and the server's counts of the
-        method it ran, and the method's probe schedule), and the round's time when no prompt was prefilled in it
-        (:meth:`RoundCost.observe`)."""
+        """Learn from a finished round (``inps``: the steps as run, planned): each auto row's acceptance (its
+        sequence's and the server's counts of the method it ran, and the method's probe schedule), and the round's
+        time and its target forward's (the results' ``forward_seconds``) when no prompt was prefilled in it
+        (:meth:`RoundCost.observe`). A row's positions are what the target computed: its tokens past those it
+        reused (``cached_tokens``, else ``cached_len``) plus its drafts."""
         prefill = False
         positions = 0
         methods: set[str] = set()
+        forward: float | None = None
         for inp, res in zip(inps, results):
             if isinstance(res, BaseException):
                 prefill = True  # a failed row: its time says nothing
                 continue
-            if res.prefilled is not None or inp.cached_len < len(inp.token_ids) - 1:
+            cached = res.cached_tokens if res.cached_tokens is not None else inp.cached_len
+            if res.prefilled is not None or cached < len(inp.token_ids) - 1:
                 prefill = True
+            if res.forward_seconds is not None:
+                forward = max(forward or 0.0, res.forward_seconds)
             positions += 1 + (res.num_draft_tokens if res.prefilled is None else 0)
             if inp.drafts:  # the round went through draft_model
                 methods.add(DRAFT_HOP)
@@ -265,7 +273,7 @@ class AutoController:
             if inp.auto and res.prefilled is None:
                 self._learn(inp, res)
         if not prefill and inps:
-            self.cost.observe(len(inps), positions, seconds, methods)
+            self.cost.observe(len(inps), positions, seconds, methods, forward)
 
     def _learn(self, inp: StepInputs, res: StepResult) -> None:
         """One committed auto step: the counts of the method it drafted with, and that method's probe schedule."""
