@@ -6,7 +6,9 @@ response per token, the layer's worst case), from ``concurrency`` client threads
 gRPC channel; an HTTP keep-alive pool), in alternating rounds so that drift on a shared machine hits both. Reported
 per concurrency: output tokens/s of each path and their ratio (goal: OpenAI >= 0.97x gRPC at concurrency 1 and 8), and
 the median time to the first token of each (goal: OpenAI within 2 ms of gRPC), measured on one-token requests where
-the layer's cost is not hidden by decoding. ``python -m bench.openai_cost --output results/openai_cost.json``;
+the layer's cost is not hidden by decoding, also through a second frontend on the same server started with
+uvicorn's pure-Python parser and the standard event loop (``--http h11 --loop asyncio``: the layer before httptools and
+uvloop, the baseline of the same run). ``python -m bench.openai_cost --output results/openai_cost.json``;
 docs/benchmarks.md reads the figures.
 """
 
@@ -150,7 +152,7 @@ def run_batch(make, prompts: list[str], concurrency: int, max_tokens: int, metho
     return {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "ttft_s": [r[0] for r in rows]}
 
 
-def measure(grpc_url: str, base_url: str, model: str, prompts: list[str], args) -> dict:
+def measure(grpc_url: str, base_url: str, model: str, prompts: list[str], args, baseline_url: str = "") -> dict:
     """Every comparison on one running server and frontend (module docstring)."""
     paths = {"grpc": lambda: GrpcPath(grpc_url), "openai": lambda: OpenAIPath(base_url, model)}
     out: dict = {"throughput": {}, "ttft": {}}
@@ -171,16 +173,21 @@ def measure(grpc_url: str, base_url: str, model: str, prompts: list[str], args) 
     ttft: dict[str, list[float]] = {"grpc": [], "openai": [], "openai_raw_http": []}
     workers = {k: make() for k, make in paths.items()}
     workers["openai_raw_http"] = RawHTTPPath(base_url, model)
+    if baseline_url:  # the same layer on h11 and asyncio
+        ttft["baseline_raw_http"] = []
+        workers["baseline_raw_http"] = RawHTTPPath(baseline_url, model)
     order = list(ttft)
     for i in range(args.ttft_requests):
-        for name in order[i % 3:] + order[:i % 3]:
+        for name in order[i % len(order):] + order[:i % len(order)]:
             ttft[name].append(workers[name].run(prompts[i % len(prompts)], 1, args.method)[0])
     for w in workers.values():
         w.close()
     med = {k: statistics.median(v) for k, v in ttft.items()}
     diff_ms = (med["openai"] - med["grpc"]) * 1000
     raw_ms = (med["openai_raw_http"] - med["grpc"]) * 1000
-    out["ttft"] = {"median_s": med, "openai_minus_grpc_ms": diff_ms, "raw_http_minus_grpc_ms": raw_ms,
+    if baseline_url:
+        out["ttft"]["baseline_raw_http_minus_grpc_ms"] = (med["baseline_raw_http"] - med["grpc"]) * 1000
+    out["ttft"] |= {"median_s": med, "openai_minus_grpc_ms": diff_ms, "raw_http_minus_grpc_ms": raw_ms,
                    "samples_s": ttft, "p90_s": {k: float(np.percentile(v, 90)) for k, v in ttft.items()},
                    "goal_ms": GOAL_TTFT_MS, "reached": raw_ms <= GOAL_TTFT_MS}
     return out
@@ -206,15 +213,21 @@ def main(argv: list[str] | None = None) -> int:
     logdir = Path(tempfile.mkdtemp(prefix="spec_decode_openai_cost_"))
     with TritonServer(log_path=logdir / "server.log") as srv:
         srv.wait_ready(timeout=900)
-        fe = OpenAIFrontend(srv.grpc_url, free_ports(1)[0], log_path=logdir / "frontend.log").start()
+        ports = free_ports(2)
+        fe = OpenAIFrontend(srv.grpc_url, ports[0], log_path=logdir / "frontend.log").start()
+        base = OpenAIFrontend(srv.grpc_url, ports[1], log_path=logdir / "frontend_h11.log",
+                              extra_args=("--http", "h11", "--loop", "asyncio")).start()
         try:
             fe.wait_ready(120)
+            base.wait_ready(120)
             for p in prompts[:2]:  # warm-up: both paths, first requests of a fresh server
                 GrpcPath(srv.grpc_url).run(p, 8, args.method)
                 OpenAIPath(fe.url + "/v1", fe.served_name).run(p, 8, args.method)
-            result = measure(srv.grpc_url, fe.url + "/v1", fe.served_name, prompts, args)
+            RawHTTPPath(base.url + "/v1", fe.served_name).run(prompts[0], 8, args.method)
+            result = measure(srv.grpc_url, fe.url + "/v1", fe.served_name, prompts, args, base.url + "/v1")
         finally:
             fe.stop()
+            base.stop()
     result["settings"] = vars(args) | {"output": str(args.output)}
     print(f"\n{'concurrency':<12}{'gRPC tok/s':>12}{'OpenAI tok/s':>14}{'ratio':>8}  goal >= {GOAL_TOKENS_RATIO}")
     for c, r in result["throughput"].items():
@@ -226,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"TTFT (one-token requests, median): gRPC {m['grpc'] * 1000:.1f} ms; OpenAI through plain HTTP "
           f"{m['openai_raw_http'] * 1000:.1f} ms: {t['raw_http_minus_grpc_ms']:+.2f} ms (goal <= {GOAL_TTFT_MS} ms: "
           f"{'reached' if t['reached'] else 'NOT reached'}); through the openai client {m['openai'] * 1000:.1f} ms: "
-          f"{t['openai_minus_grpc_ms']:+.2f} ms")
+          f"{t['openai_minus_grpc_ms']:+.2f} ms; the baseline layer (h11, asyncio) through plain HTTP "
+          f"{m['baseline_raw_http'] * 1000:.1f} ms: {t['baseline_raw_http_minus_grpc_ms']:+.2f} ms")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=1))
     print(f"saved {args.output}")

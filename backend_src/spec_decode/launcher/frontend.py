@@ -53,12 +53,14 @@ class OpenAIFrontend:
         served_names: the model names clients send (default: the tokenizer folder's name).
         log_path: file for its output (None: the terminal).
         log: called with each event's message (default: a line on stderr, like the healer's).
+        extra_args: more options of ``python -m spec_decode.openai_api`` (e.g. ``("--http", "h11")``).
     """
 
     def __init__(self, grpc_url: str, port: int, host: str = "127.0.0.1", tokenizer: str = "default",
                  api_key: str = "", log_path: Path | None = None, log: Callable[[str], object] | None = None,
-                 served_names: tuple[str, ...] = ()):
+                 served_names: tuple[str, ...] = (), extra_args: tuple[str, ...] = ()):
         self.grpc_url, self.port, self.host, self.served_names = grpc_url, port, host, tuple(served_names)
+        self.extra_args = tuple(extra_args)
         self.tokenizer, self.api_key, self.log_path = tokenizer, api_key, log_path
         self.proc: subprocess.Popen | None = None
         self.events: list[Event] = []
@@ -91,6 +93,7 @@ class OpenAIFrontend:
                "--port", str(self.port), "--tokenizer", self.tokenizer]
         for name in self.served_names:
             cmd += ["--served-model-name", name]
+        cmd += list(self.extra_args)
         env = dict(os.environ, OPENAI_API_KEY=self.api_key,
                    PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "backend_src"), os.environ.get("PYTHONPATH", "")]))
         if self.log_path is not None and self._out is None:

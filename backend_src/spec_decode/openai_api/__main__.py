@@ -32,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="require 'Authorization: Bearer KEY' on /v1 routes (default: OPENAI_API_KEY; empty: none)")
     ap.add_argument("--max-body-bytes", type=int, default=4 << 20)
     ap.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
+    ap.add_argument("--http", choices=("httptools", "h11"), default="httptools",
+                    help="uvicorn's HTTP/1.1 parser: httptools (C, the default) or h11 (pure Python)")
+    ap.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
+                    help="the event loop: uvloop (the default) or the standard library's asyncio")
     args = ap.parse_args(argv)
 
     import uvicorn
@@ -47,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
                     tuple(args.served_model_name) or (served_name(path),), api_key=args.api_key or None,
                     max_body_bytes=args.max_body_bytes)
     uvicorn.run(build_app(served), host=args.host, port=args.port, log_level="warning", access_log=args.access_log,
-                timeout_graceful_shutdown=5)
+                http=args.http, loop=args.loop, timeout_graceful_shutdown=5)
     return 0
 
 

@@ -41,3 +41,24 @@ def test_nothing_listening_is_no_health():
     from spec_decode.launcher import free_ports
 
     assert OpenAIFrontend("127.0.0.1:1", free_ports(1)[0]).health() is None
+
+
+def test_the_frontend_serves_on_httptools_and_uvloop_unless_told_otherwise(monkeypatch):
+    """uvicorn gets the C parser and uvloop by default (both installed by the set-up: the layer's first-token cost,
+    docs/benchmarks.md); ``--http h11 --loop asyncio`` (extra_args) gives the pure-Python ones."""
+    import types
+
+    import uvicorn
+
+    import spec_decode.openai_api.__main__ as main_mod
+
+    __import__("httptools"), __import__("uvloop")  # what the defaults need is there
+    runs = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: runs.append(kw))
+    assert main_mod.main(["--grpc-url", "127.0.0.1:1"]) == 0
+    assert main_mod.main(["--grpc-url", "127.0.0.1:1", "--http", "h11", "--loop", "asyncio"]) == 0
+    assert [(r["http"], r["loop"]) for r in runs] == [("httptools", "uvloop"), ("h11", "asyncio")]
+    seen = {}
+    monkeypatch.setattr(subprocess, "Popen", lambda cmd, **kw: seen.update(cmd=cmd) or types.SimpleNamespace(pid=1))
+    OpenAIFrontend("127.0.0.1:1", 9123, extra_args=("--http", "h11")).start()
+    assert seen["cmd"][-2:] == ["--http", "h11"]
