@@ -68,11 +68,13 @@ def test_the_cost_model_keeps_the_forward_apart_from_the_rest_of_the_round_and_f
     assert (cost.forward[(1, 1)], cost.rest[1]) == (pytest.approx(0.040), pytest.approx(0.010))
     assert cost.predict(1, 5) == pytest.approx(5 * 0.040 + 0.010)  # no slope known yet: proportional
     cost.observe(1, 5, 0.085, forward=0.060, methods=("draft_model",))  # 5 ms per position; the hop 15 ms
-    assert cost.slope == pytest.approx(0.005)
+    assert cost.slope == {1: pytest.approx(0.005)}
     assert cost.extra["draft_model"] == pytest.approx(0.085 - 0.060 - 0.010)
     assert cost.predict(1, 3) == pytest.approx(0.050 + 0.010)  # between two measured forwards
     assert cost.predict(1, 9) == pytest.approx(0.060 + 4 * 0.005 + 0.010)  # past them: along the slope
     assert cost.predict(4, 5, ("draft_model",)) == pytest.approx(0.060 + 0.010 + 0.015)  # the nearest S's figures
+    cost.observe(8, 8, 0.110, forward=0.100)  # a full round: its own points, and a position costs its share there
+    assert cost.predict(8, 12) == pytest.approx(0.100 + 4 * 0.100 / 8 + 0.010)
     cost.observe(2, 2, 0.070)  # a transport that does not say: the whole round counts as forward
     assert (cost.forward[(2, 2)], cost.rest[2]) == (pytest.approx(0.070), 0.0)
 
@@ -293,3 +295,30 @@ def test_one_sequence_gets_the_k_that_maximises_expected_tokens_per_second(alpha
                                                                                  else ()))
     assert inp.num_draft_tokens == best
     assert (best == 0) == (alpha <= 0.1) and (best == 4) == (alpha >= 0.95)  # none at low acceptance, all at high
+
+
+def test_probes_stay_within_their_share_of_the_round_time():
+    """A full round (8 sequences) whose hop to draft_model costs 15 ms of a 110 ms round, nothing ever accepted (so
+    every draft is a probe): the probes' predicted seconds stay within probe_budget of the measured round time, where
+    the 8 sequences, each due a probe every few steps (suffix decoding finds no match: its probes back off to 4
+    steps at most), would otherwise send most rounds through draft_model."""
+    cost = FixedCost()
+    RoundCost.observe(cost, 8, 8, 0.110, forward=0.100)
+    RoundCost.observe(cost, 8, 9, 0.129, forward=0.104, methods=("draft_model",))
+    counts = {}
+    for budget in (0.05, 1.0):
+        ctrl = AutoController(["suffix"], cost=cost, probe_budget=budget)
+        ctrl.server["suffix"] = AcceptanceStats(0, 1000)  # nothing ever accepted: the rule alone drafts nothing
+        for s in range(8):  # sequences that started at different times: their probes fall due in different rounds
+            ctrl.sequences[s] = _Sequence(probe_due={"suffix": s % 4})
+        probes = 0
+        for _ in range(100):
+            ran = ctrl.plan([_inputs(s) for s in range(8)])
+            probes += any(r.num_draft_tokens for r in ran)  # rounds sent through draft_model
+            ctrl.observe(ran, [StepResult([1], 0, cached_tokens=2, forward_seconds=0.1) for r in ran], 0.110)
+        counts[budget] = probes
+        assert ctrl.probe_seconds <= budget * ctrl.round_seconds
+    # probes still run, and gather in fewer rounds (once one pays the hop, the others cost a position each)
+    assert 5 <= counts[0.05] <= 0.05 * 11.0 / 0.015 + 1 < counts[1.0]
+    with pytest.raises(ValueError):
+        AutoController(["suffix"], probe_budget=1.5)

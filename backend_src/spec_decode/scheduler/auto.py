@@ -125,6 +125,9 @@ class AutoController:
         max_idle_backoff: the most steps between two probes of a method that drafted nothing (no match yet; >= 1):
             such a probe costs only the draft_model hop, and a match may come at any step.
         cost: the round cost model (default: a new :class:`RoundCost`, learned from the rounds).
+        probe_budget: the share of the server's round time that probes may add, in [0, 1] (their predicted seconds
+            over the measured seconds of every round so far): probes cost what they may win, however many sequences
+            are due one.
 
     Raises:
         ValueError: a factor outside (0, 1], a negative prior_weight, a backoff < 1, or a model method not in
@@ -134,11 +137,12 @@ class AutoController:
     def __init__(self, methods: Sequence[str], model_methods: Collection[str] = (),
                  decay: float = 0.9, prior_weight: float = 1.0,
                  server_decay: float = 0.99, max_backoff: int = 32, max_idle_backoff: int = 4,
-                 cost: RoundCost | None = None):
+                 cost: RoundCost | None = None, probe_budget: float = 0.05):
         if (not (0.0 < decay <= 1.0 and 0.0 < server_decay <= 1.0) or prior_weight < 0
-                or min(max_backoff, max_idle_backoff) < 1):
-            raise ValueError(f"decay and server_decay must be in (0, 1], prior_weight >= 0, backoffs >= 1; got "
-                             f"{decay}, {server_decay}, {prior_weight}, {max_backoff}, {max_idle_backoff}")
+                or min(max_backoff, max_idle_backoff) < 1 or not 0.0 <= probe_budget <= 1.0):
+            raise ValueError(f"decay and server_decay must be in (0, 1], prior_weight >= 0, backoffs >= 1, "
+                             f"probe_budget in [0, 1]; got {decay}, {server_decay}, {prior_weight}, {max_backoff}, "
+                             f"{max_idle_backoff}, {probe_budget}")
         self.methods = tuple(m for m in methods if m not in (NO_SPECULATION, AUTO))
         if not set(model_methods) <= set(self.methods):
             raise ValueError(f"model methods must be among {self.methods}")
@@ -147,6 +151,9 @@ class AutoController:
         self.prior_weight = prior_weight
         self.max_backoff, self.max_idle_backoff = max_backoff, max_idle_backoff
         self.cost = cost or RoundCost()
+        self.probe_budget = probe_budget
+        self.round_seconds = 0.0  # measured seconds of every round observed
+        self.probe_seconds = 0.0  # predicted seconds the probes planned so far added to their rounds
         self.server: dict[str, AcceptanceStats] = {m: AcceptanceStats() for m in self.methods}
         self.server_offers: dict[str, AcceptanceStats] = {m: AcceptanceStats() for m in self.methods}
         self.sequences: dict[int, _Sequence] = {}
@@ -186,7 +193,10 @@ class AutoController:
         forward): the server's acceptance of them, shared by every sequence, and their measured cost decide. A
         method is due from a sequence's first step; after a step of it that accepted nothing or drafted nothing,
         the next probe waits twice as many steps as the last (up to ``max_backoff`` after a rejection,
-        ``max_idle_backoff`` after a step without drafts); one accepted token brings it back to the next step.
+        ``max_idle_backoff`` after a step without drafts); one accepted token brings it back to the next step. A due
+        probe runs only while the probes' predicted seconds stay within ``probe_budget`` of the rounds' measured
+        time: a probe in a round that drafts anyway costs one position; one that sends a round through draft_model
+        costs the hop too, and at high load that hop is paid by every sequence of the round.
         """
         rows = [_Row(i, inp.seq_id, inp.num_draft_tokens) for i, inp in enumerate(inps) if inp.auto]
         if not rows:
@@ -236,8 +246,16 @@ class AutoController:
                 steps = seq.steps if seq is not None else 0
                 due = [m for m in self.methods if m not in self.model_methods
                        and (seq.probe_due.get(m, 0) if seq is not None else 0) <= steps]
-                if due:  # a probe of the most promising method given up on
-                    r.method, r.k = max(due, key=lambda m: r.alphas[m]), 1
+                if due:  # a probe of the most promising method given up on, within the probes' budget
+                    m = max(due, key=lambda m: r.alphas[m])
+                    extra = cost(positions + r.offers[m], used | {DRAFT_HOP}) - cost(positions, used)
+                    if not self.cost.forward:  # nothing measured yet: its cost is unknown, and learning it is the point
+                        extra = 0.0
+                    if self.probe_seconds + extra <= self.probe_budget * self.round_seconds or extra == 0.0:
+                        r.method, r.k = m, 1
+                        self.probe_seconds += extra
+                        positions += r.offers[m]
+                        used |= {DRAFT_HOP}
         out = list(inps)
         for r in rows:
             method = r.method if r.k > 0 and r.method else NO_SPECULATION
@@ -272,6 +290,7 @@ class AutoController:
                 methods.add(inp.method)
             if inp.auto and res.prefilled is None:
                 self._learn(inp, res)
+        self.round_seconds += max(seconds, 0.0)
         if not prefill and inps:
             self.cost.observe(len(inps), positions, seconds, methods, forward)
 

@@ -20,8 +20,9 @@ class RoundCost:
 
     - ``forward(S, P)``: the target's forward, from the forward seconds the rounds report, kept per (S, P) as
       exponential moving averages. Between two measured P of the same S: their linear interpolation; elsewhere the
-      nearest measured point moved along the marginal seconds of one more position (``slope``: learned from two P
-      of the same S; until then proportional to P, the cautious guess: a position costs its share of the forward). With
+      nearest measured point moved along the marginal seconds of one more position at that point's S (``slope[S]``:
+      learned from two P of the same S, since a full round's positions cost more than a lone sequence's; until then
+      proportional to P, the cautious guess: a position costs its share of the forward). With
       ``prior`` (positions -> seconds of one sequence; tests, or a deployer who has the curve) its shape replaces the
       slope, and before any round is measured the prior itself.
     - ``rest(S)``: the round's seconds beyond the forward in rounds without drafts (nearest measured S).
@@ -46,7 +47,7 @@ class RoundCost:
         self.forward: dict[tuple[int, int], float] = {}  # (sequences, positions) -> forward seconds
         self.rest: dict[int, float] = {}  # sequences -> seconds of a round beyond its forward (no drafts)
         self.extra: dict[str, float] = {}  # model proposer or the draft_model hop -> seconds it adds to a round
-        self.slope: float | None = None  # seconds of one more position in a forward
+        self.slope: dict[int, float] = {}  # sequences -> seconds of one more position in their forward
         items = sorted((int(p), float(s)) for p, s in (prior or {}).items())
         if any(p < 1 or s <= 0 for p, s in items):
             raise ValueError(f"a prior needs positions >= 1 and times > 0, got {prior}")
@@ -90,7 +91,7 @@ class RoundCost:
         t0 = self.forward[(s0, p0)]
         if self._prior_p:
             return t0 * self._prior(positions) / self._prior(p0)
-        slope = self.slope if self.slope is not None else t0 / p0
+        slope = self.slope.get(s0, t0 / p0)
         return max(t0 + slope * (positions - p0), 1e-9)
 
     def _rest(self, sequences: int) -> float:
@@ -116,7 +117,7 @@ class RoundCost:
         if others:  # the marginal seconds of a position, from the nearest other point of the same S
             p1 = min(others, key=lambda p: abs(p - positions))
             sample = max(0.0, (f - self.forward[(sequences, p1)]) / (positions - p1))
-            self.slope = self._ema(self.slope, sample)
+            self.slope[sequences] = self._ema(self.slope.get(sequences), sample)
         self.forward[key] = self._ema(self.forward.get(key), f)
         rest = seconds - f
         if methods:
