@@ -9,9 +9,14 @@ hidden-state speculators draft from; generate keeps those of the accepted positi
 on the model's device ([0, 0] for a release); ``log_probs`` FP32 [k+1, V] raw log-prob rows when the row asks for
 log-probs and ``logprobs_mode`` is ``raw`` (else [0, 0]); the prompt's log-probs (``prompt_log_probs`` [P-1],
 ``prompt_token_ranks`` [P-1], ``prompt_top_log_probs`` / ``prompt_top_log_prob_ids`` [P-1, N]) on a first step that asks
-for them (else empty). A greedy row without log-probs sends ``target_probs`` [0, 0] and instead ``target_argmax`` INT64
-[k+1] and ``target_argmax_probs`` FP32 [k+1], all the verifier's argmax walk reads ([0] for other rows). The rows of one
-``execute()`` are scored in one forward pass (:meth:`~spec_decode.engine.scorer.TargetScorer.score_batch`). Metrics
+for them (else empty). A greedy row without log-probs sends ``target_probs`` [0, 0] and instead ``target_argmax``
+INT64 [k+1] and ``target_argmax_probs`` FP32 [k+1], all the verifier's argmax walk reads ([0] for other rows). Every
+row also says what the target measured: ``num_cached_tokens`` INT32 [1] (its leading token ids reused from the cache,
+vLLM's name) and ``target_forward_seconds`` FP32 [1] (the execute's scoring seconds). A row without drafts whose
+uncached prompt is longer than its ``num_scheduled_tokens`` (its share of generate's round budget) is prefilled in
+part: that many positions are computed and nothing is scored (``target_probs`` [0, 0], no argmax; the verifier
+answers it with no token). The rows of one ``execute()`` are scored in one forward pass
+(:meth:`~spec_decode.engine.scorer.TargetScorer.score_batch`). Metrics
 (docs/metrics.md): time scoring, the target's KV caches and prefix caching.
 """
 
