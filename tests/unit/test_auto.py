@@ -75,6 +75,9 @@ def test_the_cost_model_keeps_the_forward_apart_from_the_rest_of_the_round_and_f
     assert cost.predict(4, 5, ("draft_model",)) == pytest.approx(0.060 + 0.010 + 0.015)  # the nearest S's figures
     cost.observe(8, 8, 0.110, forward=0.100)  # a full round: its own points, and a position costs its share there
     assert cost.predict(8, 12) == pytest.approx(0.100 + 4 * 0.100 / 8 + 0.010)
+    cost.observe(8, 9, 0.108, forward=0.098)  # a noisy point next to it says nothing of the slope alone...
+    cost.observe(8, 16, 0.160, forward=0.150)
+    assert cost.slope[8] == pytest.approx(0.0067, abs=5e-4)  # ...the least-squares line over all three does
     cost.observe(2, 2, 0.070)  # a transport that does not say: the whole round counts as forward
     assert (cost.forward[(2, 2)], cost.rest[2]) == (pytest.approx(0.070), 0.0)
 

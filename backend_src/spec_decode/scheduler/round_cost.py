@@ -21,8 +21,8 @@ class RoundCost:
     - ``forward(S, P)``: the target's forward, from the forward seconds the rounds report, kept per (S, P) as
       exponential moving averages. Between two measured P of the same S: their linear interpolation; elsewhere the
       nearest measured point moved along the marginal seconds of one more position at that point's S (``slope[S]``:
-      learned from two P of the same S, since a full round's positions cost more than a lone sequence's; until then
-      proportional to P, the cautious guess: a position costs its share of the forward). With
+      the least-squares slope over that S's measured points, since a full round's positions cost more than a lone
+      sequence's; with one point, proportional to P, the cautious guess: a position costs its share). With
       ``prior`` (positions -> seconds of one sequence; tests, or a deployer who has the curve) its shape replaces the
       slope, and before any round is measured the prior itself.
     - ``rest(S)``: the round's seconds beyond the forward in rounds without drafts (nearest measured S).
@@ -113,12 +113,13 @@ class RoundCost:
             return
         f = forward if forward is not None and 0 < forward <= seconds else seconds
         key = (sequences, positions)
-        others = [p for s, p in self.forward if s == sequences and p != positions]
-        if others:  # the marginal seconds of a position, from the nearest other point of the same S
-            p1 = min(others, key=lambda p: abs(p - positions))
-            sample = max(0.0, (f - self.forward[(sequences, p1)]) / (positions - p1))
-            self.slope[sequences] = self._ema(self.slope.get(sequences), sample)
         self.forward[key] = self._ema(self.forward.get(key), f)
+        same = [(p, t) for (s, p), t in self.forward.items() if s == sequences]
+        if len(same) >= 2:  # the marginal seconds of a position: least squares over this S's points (noise averages)
+            mp = sum(p for p, _ in same) / len(same)
+            mt = sum(t for _, t in same) / len(same)
+            var = sum((p - mp) ** 2 for p, _ in same)
+            self.slope[sequences] = max(0.0, sum((p - mp) * (t - mt) for p, t in same) / var)
         rest = seconds - f
         if methods:
             share = max(0.0, rest - self._rest(sequences)) / len(methods)
