@@ -37,6 +37,7 @@ from .paged_forward import (
     RoundShape,
     bucket,
     pack_round,
+    split_by_padding,
     unpack_round,
 )
 from .pages import ROOT_KEY, BlockManager, OutOfPages, PagedSequence
@@ -187,14 +188,8 @@ class CachedCausalLM:
                 return max(keep, 0)
             j = keep // ps
             parent = self.pages.block_key(seq, j - 1) if seq is not None else ROOT_KEY
-            while parent is not None and (j + 1) * ps <= limit:
-                page = self.pages.lookup(parent, tuple(token_ids[j * ps : (j + 1) * ps]))
-                if page is None:
-                    break
-                parent = (page, self.pages.generation[page])
-                j += 1
-                keep = j * ps
-            return max(keep, 0)
+            found = self.pages.cached_run(parent, token_ids, j, limit)
+            return (j + len(found)) * ps if found else keep
 
     def release(self, seq_id: int) -> bool:
         """End ``seq_id``: its pages go back to the pool, full registered ones cached for prefix reuse (while the
@@ -238,7 +233,8 @@ class CachedCausalLM:
         Sequences with at most ``max_batched_new_tokens`` tokens to compute (decode and scoring steps) run together,
         one row each, their new tokens from column 0, padded to the longest; a 4D mask keeps every row to its own
         tokens. Longer work (a prefill, a cache miss) runs alone, and sequences whose contexts differ too much in
-        length run in separate forwards (:meth:`_groups`).
+        length run in separate forwards (:func:`~.paged_forward.split_by_padding`: about one forward's cost in padding,
+        ``max_padded_positions``; docs/benchmarks.md has the measurement).
 
         Args:
             calls: (seq_id, token_ids, n_logits) per sequence, as for :meth:`logits`; seq_ids must be distinct.
@@ -268,7 +264,8 @@ class CachedCausalLM:
             alone = [i for i, w in enumerate(work) if len(w.row.new_ids) > self.max_batched_new_tokens]
             together = [i for i, w in enumerate(work) if len(w.row.new_ids) <= self.max_batched_new_tokens]
             try:
-                for group in [[i] for i in alone] + self._groups(together, work):
+                groups = split_by_padding({i: work[i].row for i in together}, self.max_padded_positions)
+                for group in [[i] for i in alone] + groups:
                     for i, result in zip(group, self._forward([work[i].row for i in group])):
                         out[i] = result
             except Exception:
@@ -283,25 +280,6 @@ class CachedCausalLM:
         done = [o for o in out if o is not None]
         assert len(done) == len(out)  # every call ran, alone or in a group
         return done if hidden else [lg for lg, _ in done]
-
-    def _groups(self, indices: list[int], work: list[_Work]) -> list[list[int]]:
-        """Split a batch where reading every row over the longest context would cost more than an extra forward.
-
-        Rows are taken by context length (cached + new); a row joins the current group unless that would leave more
-        than ``max_padded_positions`` padded (row x position) slots in it. The default is about one forward's cost
-        in padding (docs/benchmarks.md has the measurement).
-        """
-        groups: list[list[int]] = []
-        total = 0
-        for i in sorted(indices, key=lambda j: work[j].row.cached + len(work[j].row.new_ids)):
-            c = work[i].row.cached + len(work[i].row.new_ids)
-            if groups and (len(groups[-1]) + 1) * c - (total + c) <= self.max_padded_positions:
-                groups[-1].append(i)
-                total += c
-            else:
-                groups.append([i])
-                total = c
-        return groups
 
     def round_shape(self, rows: list[RoundRow]) -> tuple[RoundShape, bool]:
         """The shape a round of ``rows`` runs at, and whether a captured CUDA graph runs it: the smallest captured
@@ -398,13 +376,9 @@ class CachedCausalLM:
         positions (prefix caching); returns the positions ``seq`` now holds."""
         ps = self.block_size
         self.prefix_stats.queries += 1
-        j = keep // ps
-        parent = self.pages.block_key(seq, j - 1)
-        start = keep
-        while parent is not None and (j + 1) * ps <= limit:
-            page = self.pages.lookup(parent, tuple(ids[j * ps : (j + 1) * ps]))
-            if page is None:
-                break
+        first = keep // ps
+        found = self.pages.cached_run(self.pages.block_key(seq, first - 1), ids, first, limit)
+        for j, page in enumerate(found, start=first):
             if j < len(seq.pages):  # the partial page it held (same tokens so far): replaced by the full one
                 if seq.pages[j] != page:
                     self.pages.incref(page)
@@ -413,14 +387,13 @@ class CachedCausalLM:
             else:
                 self.pages.incref(page)
                 seq.pages.append(page)
-            parent = (page, self.pages.generation[page])
-            j += 1
-            keep = j * ps
-        if keep > start:
-            self.prefix_stats.hits += 1
-            self.prefix_stats.reused_tokens += keep - start
-            seq.ids = list(ids[:keep])
-        return keep
+        if not found:
+            return keep
+        held = (first + len(found)) * ps
+        self.prefix_stats.hits += 1
+        self.prefix_stats.reused_tokens += held - keep
+        seq.ids = list(ids[:held])
+        return held
 
 
 __all__ = ["CachedCausalLM", "KVCacheFull"]

@@ -75,6 +75,26 @@ class RoundRow:
     n_logits: int
 
 
+def split_by_padding(rows: dict[int, RoundRow], max_padded_positions: int) -> list[list[int]]:
+    """Split a batch where reading every row over the longest context would cost more than an extra forward.
+
+    Rows (key -> row) are taken by context length (cached + new); a row joins the current group unless that would
+    leave more than ``max_padded_positions`` padded (row x position) slots in it. Returns the groups of keys, shortest
+    contexts first.
+    """
+    groups: list[list[int]] = []
+    total = 0
+    for i in sorted(rows, key=lambda j: rows[j].cached + len(rows[j].new_ids)):
+        c = rows[i].cached + len(rows[i].new_ids)
+        if groups and (len(groups[-1]) + 1) * c - (total + c) <= max_padded_positions:
+            groups[-1].append(i)
+            total += c
+        else:
+            groups.append([i])
+            total = c
+    return groups
+
+
 def pack_round(rows: list[RoundRow], shape: RoundShape, page_size: int) -> np.ndarray:
     """The round's inputs (:data:`FIELDS`, in :meth:`RoundShape.sizes`' shapes) packed into one int64 array.
 
@@ -170,4 +190,4 @@ class PagedForward:
 
 
 __all__ = ["BATCH_BUCKETS", "FIELDS", "QUERY_BUCKETS", "PagedForward", "RoundRow", "RoundShape", "bucket",
-           "pack_round", "unpack_round"]
+           "pack_round", "split_by_padding", "unpack_round"]

@@ -17,6 +17,7 @@ free run), so one row's keys are a view of the pool. Host-side only, no torch: t
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -212,6 +213,22 @@ class BlockManager:
         """The registered page holding block ``ids`` after the block keyed ``parent`` (a :meth:`block_key`), or
         None."""
         return self._index.get((parent, ids))
+
+    def cached_run(self, parent: tuple | None, ids: Sequence[int], first: int, limit: int) -> list[int]:
+        """The registered pages holding blocks ``first``, ``first + 1``, ... of ``ids`` (full blocks within
+        ``ids[:limit]``) that follow the block keyed ``parent`` (a :meth:`block_key`; None: none), as far as the chain
+        goes. Read only: what a sequence may share (prefix caching), and how much of it."""
+        ps = self.page_size
+        pages: list[int] = []
+        j = first
+        while parent is not None and (j + 1) * ps <= limit:
+            page = self.lookup(parent, tuple(ids[j * ps : (j + 1) * ps]))
+            if page is None:
+                break
+            pages.append(page)
+            parent = (page, self.generation[page])
+            j += 1
+        return pages
 
     def register(self, seq: PagedSequence) -> None:
         """Offer ``seq``'s full pages not yet offered to the prefix index (after a forward wrote them). A block
