@@ -73,6 +73,16 @@ def argmax_walk(best: list[int], best_probs: torch.Tensor, drafts: list[int]) ->
     return ids, torch.log(best_probs[: n + 1].float().clamp_min(1e-38)).tolist(), None
 
 
+def _scored_nothing(inputs: dict) -> bool:
+    """Whether target_model scored nothing for a row without argmax: ``target_probs`` with no rows, or, padded in a
+    batch, a first row of zeros (no probability row is all zero)."""
+    tp = inputs.get("target_probs")
+    if tp is None:
+        return False
+    tp = torch.as_tensor(tp)
+    return tp.shape[0] == 0 or not bool(tp[0].any())
+
+
 def _given_rows(inputs: dict, name: str, n: int) -> torch.Tensor | None:
     """The first ``n`` rows of a [rows, V] input, or None when the row has none: absent, empty, or all zeros (the
     padding a batched request gives a row without them, e.g. n-gram's draft_probs, or log-prob rows not asked for;
@@ -125,18 +135,11 @@ class VerifierBackend(BatchedBackend):
 
     @staticmethod
     def _is_release(inputs: dict) -> bool:
-        """A row target_model scored nothing for reaches the verifier as no argmax and target_probs with no rows, or,
-        padded in a batch, a first row of zeros (no probability row is all zero): a release, or a prompt chunk of
-        chunked prefill. It is answered with no token."""
-        tp = inputs.get("target_probs")
-        if tp is None or _argmax_ids(inputs):
-            return False
-        tp = torch.as_tensor(tp)
-        return tp.shape[0] == 0 or not bool(tp[0].any())
+        """A row target_model scored nothing for (:func:`_scored_nothing`, and no argmax): a release, or a prompt
+        chunk of chunked prefill. It is answered with no token."""
+        return not _argmax_ids(inputs) and _scored_nothing(inputs)
 
     def _plan(self, inputs: dict):
-        if self._is_release(inputs):
-            return dict(_EMPTY)
         best = _argmax_ids(inputs)
         if best:  # a greedy row without log-probs: the argmax walk over what target_model sent
             start = time.perf_counter()
@@ -144,6 +147,8 @@ class VerifierBackend(BatchedBackend):
                                        strip_padding(inputs.get("draft_token_ids", np.zeros(0, np.int64)))))
             self.metrics.add("spec_decode_verify_seconds_total", time.perf_counter() - start)
             return out
+        if _scored_nothing(inputs):  # a release or a prompt chunk
+            return dict(_EMPTY)
         # Rows have no per-sequence state: any distinct key puts them all in one call.
         row, spec = self._row(inputs), processor_spec(inputs)
         log_rows = _given_rows(inputs, "log_probs", row.k + 1) if spec is not None and spec.logprobs else None
