@@ -18,8 +18,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-import numpy as np
-
 from ..protocol import StepInputs, StepResult
 from .auto import AutoController
 from .chunked_prefill import plan_round, round_results
@@ -46,16 +44,6 @@ class RoundPlan:
     def ran(self) -> list[StepInputs]:
         """The steps that run, in order: what the transport gets."""
         return [r for r in self.runs if r is not None]
-
-    @property
-    def num_draft_tokens(self) -> np.ndarray:
-        """[R] int32, the k of each step that runs (vLLM's ``SpecDecodeMetadata.num_draft_tokens``)."""
-        return np.array([r.num_draft_tokens if r.drafts else 0 for r in self.ran], np.int32)
-
-    @property
-    def cu_num_draft_tokens(self) -> np.ndarray:
-        """[R] int32, the running sum of :attr:`num_draft_tokens` (where each step's drafts end in a flat array)."""
-        return np.cumsum(self.num_draft_tokens, dtype=np.int32)
 
     def as_run(self, i: int) -> StepInputs:
         """Step ``i`` as it ran (as submitted when it waited)."""
