@@ -51,7 +51,7 @@ def counters(metrics_url: str) -> dict[str, float]:
     out = {"rounds": total("spec_decode_rounds_total")}
     for stage in GENERATE_STAGES:
         out[f"generate.{stage}"] = total("spec_decode_round_seconds_total", stage=stage)
-    for m in (*STEP_MODELS, "spec_step", "score_step"):
+    for m in (*STEP_MODELS, "spec_step", "score_step", "greedy_step"):
         out[f"{m}.request_us"] = total("nv_inference_request_duration_us", model=m)
         out[f"{m}.execute_us"] = total("nv_inference_compute_infer_duration_us", model=m)
         out[f"{m}.requests"] = total("nv_inference_request_success", model=m)

@@ -128,7 +128,7 @@ def bench_concurrent(url: str, prompts: list[str], max_tokens: int, method: str,
             "tokens_per_s": tokens / seconds}
 
 
-STAGE_MODELS = ("spec_step", "score_step", "draft_model", "target_model", "verifier")
+STAGE_MODELS = ("spec_step", "score_step", "greedy_step", "draft_model", "target_model", "verifier")
 
 
 def stage_counters(metrics_url: str) -> dict:
@@ -143,24 +143,25 @@ def stage_counters(metrics_url: str) -> dict:
                                "queue_duration_us")}
     out["score_s"] = value(s, "spec_decode_score_seconds_total")
     out["verify_s"] = value(s, "spec_decode_verify_seconds_total")
+    out["calls_s"] = value(s, "spec_decode_round_seconds_total", stage="ensemble")  # generate awaiting its BLS calls
     return out
 
 
 def stages(before: dict, after: dict, steps: int, step_s: float) -> dict:
     """Per-step milliseconds of each stage between two :func:`stage_counters` snapshots.
 
-    ``client step`` is the client's time per step (seconds / steps); ``ensemble`` the request time of ``spec_step``
-    (draft, target, verifier and the hops between them) and of ``score_step`` (rounds without drafts: target and
-    verifier); ``generate + gRPC`` the rest: generate's loop (tokenising, the BLS
-    call, the response) and the stream to the client. Per model: request time (queue, inputs, execute, outputs) and
-    execute time; ``target forward`` is the scorer alone. Releases (one per request) are among the calls.
+    ``client step`` is the client's time per step (seconds / steps); ``step calls`` the time generate awaited its
+    BLS calls (``spec_decode_round_seconds_total{stage="ensemble"}``: ``spec_step``, ``score_step``,
+    ``greedy_step`` or ``target_model`` alone, with the hops between their models); ``generate + gRPC`` the rest:
+    generate's loop (tokenising, building the call, the response) and the stream to the client. Per model: request
+    time (queue, inputs, execute, outputs) and execute time; ``target forward`` is the scorer alone. Releases (one per
+    request) count in the models' figures, not in ``step calls``.
     """
     d = {m: {k: after[m][k] - before[m][k] for k in after[m]} for m in STAGE_MODELS}
     per = lambda us: us / 1000 / max(1, steps)  # noqa: E731 - ms per step
-    ensemble = per(d["spec_step"]["request_duration_us"] + d["score_step"]["request_duration_us"])
-    out = {"client step": 1000 * step_s, "ensemble (spec_step, score_step)": ensemble,
-           "generate + gRPC": 1000 * step_s - ensemble}
-    for m in STAGE_MODELS[2:]:
+    calls = 1000 * (after["calls_s"] - before["calls_s"]) / max(1, steps)
+    out = {"client step": 1000 * step_s, "step calls": calls, "generate + gRPC": 1000 * step_s - calls}
+    for m in STAGE_MODELS[3:]:
         out[f"{m} request"] = per(d[m]["request_duration_us"])
         out[f"{m} execute"] = per(d[m]["compute_infer_duration_us"])
     out["target forward (scorer)"] = 1000 * (after["score_s"] - before["score_s"]) / max(1, steps)

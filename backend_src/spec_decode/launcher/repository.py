@@ -10,7 +10,8 @@ import tempfile
 from functools import partial
 from pathlib import Path
 
-MODELS = ("generate", "generate_trtllm", "spec_step", "score_step", "draft_model", "target_model", "verifier")
+MODELS = ("generate", "generate_trtllm", "spec_step", "score_step", "greedy_step", "draft_model", "target_model",
+          "verifier")
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
 

@@ -2,7 +2,10 @@
 
 A round of steps (:mod:`.rounds`) goes as one request whose batch dimension holds one sequence per row, so each model
 of the ensemble gets the whole round in one ``execute``. A round in which no sequence drafts goes to ``score_step``
-(target_model -> verifier) instead. Releases free a finished sequence's caches in every model.
+(target_model -> verifier) instead. A round whose rows are all greedy without log-probs skips the verifier: it goes
+to ``greedy_step`` (draft_model -> target_model), or to target_model alone when no row drafts, and the argmax walk
+the verifier would run is run here (:func:`~spec_decode.verifier.argmax_walk`). Releases free a finished sequence's
+caches in every model.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ import numpy as np
 from ..generation import Generation
 from ..processors import TokenLogprobs
 from ..protocol import StepInputs, StepResult
+from ..verifier import argmax_walk
 from .adapter import strip_padding
 from .step_inputs import needs_hidden_states, round_inputs
-from .wire import PROMPT_LOGPROB_OUTPUTS, SCORE_STEP, SPEC_STEP, STEP_PARTS
+from .wire import GREEDY_STEP, MODELS, PROMPT_LOGPROB_OUTPUTS, SCORE_STEP, SPEC_STEP, STEP_PARTS
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +35,13 @@ TARGET_FACTS = ("num_cached_tokens", "target_forward_seconds")  # StepResult.cac
 def _first_with_prompt_logprobs(inp: StepInputs) -> bool:
     """Whether the step returns the prompt's log-probs (``ProcessorSpec.prompt_logprobs_at``)."""
     return inp.processors is not None and inp.processors.prompt_logprobs_at(len(inp.token_ids))
+
+
+def _argmax_only(inp: StepInputs) -> bool:
+    """Whether a step's result follows from the target's argmax alone: greedy, and no log-probs asked (of its tokens
+    or, on a first step, of its prompt). A round of such steps needs no verifier."""
+    spec = inp.processors
+    return inp.params.is_greedy and (spec is None or not spec.logprobs) and not _first_with_prompt_logprobs(inp)
 
 
 def _logprobs(asked: dict, names: tuple[str, ...], row: int, n: int, top_n: int,
@@ -57,7 +68,11 @@ class TritonStep:
 
     A round in which no sequence drafts (speculative_method none, k = 0, speculation disabled) goes to ``score_step``
     instead (target_model -> verifier, the same tensors with empty drafts), which saves draft_model's hop
-    (docs/benchmarks.md has its cost). Releases always go through ``spec_step``.
+    (docs/benchmarks.md has its cost). A round whose rows are all greedy without log-probs goes to ``greedy_step``
+    (draft_model -> target_model), or to ``target_model`` alone when no row drafts: target_model sends those rows'
+    argmax (``target_argmax``, ``target_argmax_probs``) and the argmax walk the verifier would run is run here
+    (:func:`~spec_decode.verifier.argmax_walk`: the same ids and log-probs), which saves the verifier's hop.
+    Releases always go through ``spec_step``.
 
     A round of steps (see :mod:`.rounds`) goes as one request whose batch dimension holds one sequence per row, so
     each model of the ensemble gets the whole round in one ``execute`` and draft_model and target_model run it as one
@@ -67,6 +82,8 @@ class TritonStep:
         pb_utils: the ``triton_python_backend_utils`` module.
         model_name: the ensemble to call.
         plain_model_name: the ensemble without draft_model, for rounds without drafts.
+        greedy_model_name: the ensemble without the verifier, for greedy rounds without log-probs.
+        target_model_name: the target scorer, for greedy rounds without drafts or log-probs.
         max_batch_size: most sequences per request (the ensemble's max_batch_size); larger rounds are split.
 
     Attributes:
@@ -75,22 +92,33 @@ class TritonStep:
     """
 
     def __init__(self, pb_utils, model_name: str = SPEC_STEP, max_batch_size: int = 16,
-                 plain_model_name: str = SCORE_STEP):
+                 plain_model_name: str = SCORE_STEP, greedy_model_name: str = GREEDY_STEP,
+                 target_model_name: str = "target_model"):
         self.pb = pb_utils
         self.model_name = model_name
         self.plain_model_name = plain_model_name
+        self.greedy_model_name = greedy_model_name
+        self.target_model_name = target_model_name
         self.max_batch_size = max_batch_size
         self._pending_releases: list[StepInputs] = []
         self.stage_seconds = {"build_request": 0.0, "ensemble": 0.0, "parse_response": 0.0}
 
     def _request(self, inps: list[StepInputs], release: bool):
-        """The BLS request of a round and the ensemble it goes to: ``spec_step``, or ``score_step`` (no draft_model
-        hop) when no row drafts (:func:`~.step_inputs.round_inputs`). Returns (model name, request)."""
+        """The BLS request of a round and the model it goes to: ``spec_step``, or ``score_step`` (no draft_model
+        hop) when no row drafts (:func:`~.step_inputs.round_inputs`); when every row's result follows from its
+        argmax (:func:`_argmax_only`), ``greedy_step`` and ``target_model`` instead (no verifier hop), with the inputs
+        those declare. Returns (model name, request)."""
         inputs = round_inputs(inps, release)
-        if "num_draft_tokens" in inputs:
+        drafts = "num_draft_tokens" in inputs
+        if not release and all(_argmax_only(i) for i in inps):
+            model = self.greedy_model_name if drafts else self.target_model_name
+            outputs = ["target_argmax", "target_argmax_probs"] + (["draft_token_ids"] if drafts else [])
+        elif drafts:
             model, outputs = self.model_name, ["output_ids", "output_log_probs", "draft_token_ids"]
         else:
             model, outputs = self.plain_model_name, ["output_ids", "output_log_probs"]
+        if model in MODELS:  # only what the model declares (greedy_step and target_model take fewer inputs)
+            inputs = {name: value for name, value in inputs.items() if name in MODELS[model].input_names}
         if not release:
             outputs += list(TARGET_FACTS)
         if not release and any(needs_hidden_states(i.method) for i in inps):  # only then: a tensor less per step
@@ -118,10 +146,16 @@ class TritonStep:
         if resp.has_error():
             raise RuntimeError(f"{model} failed: {resp.error().message()}{self._unready_parts()}")
         get = self.pb.get_output_tensor_by_name
-        ids = get(resp, "output_ids").as_numpy().reshape(len(inps), -1)
-        lps = get(resp, "output_log_probs").as_numpy().reshape(len(inps), -1)
         drafted = get(resp, "draft_token_ids")
         drafted = None if drafted is None else drafted.as_numpy().reshape(len(inps), -1)
+        if model in (self.greedy_model_name, self.target_model_name):
+            best, best_probs = (_host_array(get(resp, name)) for name in ("target_argmax", "target_argmax_probs"))
+            if best is None or best_probs is None:
+                raise RuntimeError(f"{model} answered without target_argmax / target_argmax_probs")
+            ids, lps = self._walk(best, best_probs, drafted, len(inps))
+        else:
+            ids = get(resp, "output_ids").as_numpy().reshape(len(inps), -1)
+            lps = get(resp, "output_log_probs").as_numpy().reshape(len(inps), -1)
         cached, forward = (_host_array(get(resp, name)) for name in TARGET_FACTS)
         hidden = _host_array(get(resp, "hidden_states"))
         asked = {name: _host_array(get(resp, name)) for name in (*LOGPROB_OUTPUTS, *PROMPT_LOGPROB_OUTPUTS)}
@@ -144,6 +178,28 @@ class TritonStep:
             out.append(res)
         self.stage_seconds["parse_response"] += time.perf_counter() - t2
         return out
+
+    @staticmethod
+    def _walk(best: np.ndarray, best_probs: np.ndarray, drafted: np.ndarray | None,
+              rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """A round's greedy verification (:func:`~spec_decode.verifier.argmax_walk`, what the verifier runs for
+        such rows) from target_model's ``target_argmax`` INT64 and ``target_argmax_probs`` FP32 [rows, k+1] and the
+        drafts ``draft_token_ids`` INT64 [rows, k] (None: no drafts), rows padded (-1, 0). A row the target scored
+        nothing for (a prompt chunk: no argmax) gets no token. Returns ``output_ids`` INT64 [rows, n] (padded with
+        -1) and ``output_log_probs`` FP32 [rows, n], as the verifier's."""
+        import torch
+
+        width = best.reshape(rows, -1).shape[1]
+        ids = np.full((rows, max(1, width)), -1, np.int64)
+        lps = np.zeros(ids.shape, np.float32)
+        best, best_probs = best.reshape(rows, -1), best_probs.reshape(rows, -1)
+        for row in range(rows):
+            row_best = strip_padding(best[row])
+            if row_best:
+                drafts = [] if drafted is None else strip_padding(drafted[row])
+                out, out_lps = argmax_walk(row_best, torch.from_numpy(best_probs[row]), drafts)
+                ids[row, : len(out)], lps[row, : len(out)] = out, out_lps
+        return ids, lps
 
     def _unready_parts(self) -> str:
         """After a failed step: which step models are not ready (a model whose process died is unloaded and loaded

@@ -10,7 +10,8 @@ FP32 [n]; for a row whose ``logits_processors`` ask for log-probs, ``output_toke
 and requests queued with it) are verified in one :meth:`~spec_decode.verifier.Verifier.verify_batch` call: one kernel
 launch per kind of row on CUDA; a row's bad input fails that row alone, a sampler error the rows verified with it.
 Greedy rows (temperature 0) are the argmax walk; one that target_model sent as its argmax alone (``target_argmax``,
-``target_argmax_probs``: no log-probs asked) is walked here over those (:func:`argmax_walk`), with the same result.
+``target_argmax_probs``: no log-probs asked) is walked here over those (:func:`~spec_decode.verifier.argmax_walk`),
+with the same result.
 Seeded sampled rows under rejection sampling are verified by the coupled race keyed by (seed, absolute position)
 (:func:`~spec_decode.verifier.rejection.coupled_sample`): ``token_ids`` gives the position (the number of committed
 ids), ``seeded`` whether the seed came from the client (absent: True). Metrics (docs/metrics.md): time verifying.
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 
 from ..processors import ProcessorSpec, TokenLogprobs, logprob_arrays, step_logprobs
-from ..verifier import Verifier, VerifierRow, VerifierSettings
+from ..verifier import Verifier, VerifierRow, VerifierSettings, argmax_walk
 from .adapter import strip_padding
 from .batching import BatchedBackend, Work
 from .metrics import Metrics
@@ -50,27 +51,6 @@ def _argmax_ids(inputs: dict) -> list[int]:
     distributions."""
     x = inputs.get("target_argmax")
     return [] if x is None else strip_padding(x)
-
-
-def argmax_walk(best: list[int], best_probs: torch.Tensor, drafts: list[int]) -> tuple[list[int], list[float], None]:
-    """Greedy verification from the target's argmax alone (what :func:`~spec_decode.verifier.rejection_sample` does
-    for a greedy row: a draft is accepted while it is its position's argmax, lowest index on ties; the first
-    mismatch, or the end of the drafts, emits that position's argmax).
-
-    Args:
-        best: the k+1 argmax ids of the row's distributions (k = the drafts the target scored).
-        best_probs: [k+1] float32 their probabilities.
-        drafts: the row's draft ids (only the first k are read).
-
-    Returns:
-        (output ids, their log-probabilities as float32 logs, None): the verifier's result for the row.
-    """
-    k = len(best) - 1
-    n = 0
-    while n < k and n < len(drafts) and drafts[n] == best[n] and float(best_probs[n]) > 0:
-        n += 1
-    ids = best[: n + 1]
-    return ids, torch.log(best_probs[: n + 1].float().clamp_min(1e-38)).tolist(), None
 
 
 def _scored_nothing(inputs: dict) -> bool:
@@ -143,8 +123,9 @@ class VerifierBackend(BatchedBackend):
         best = _argmax_ids(inputs)
         if best:  # a greedy row without log-probs: the argmax walk over what target_model sent
             start = time.perf_counter()
-            out = _outputs(argmax_walk(best, torch.as_tensor(inputs["target_argmax_probs"])[: len(best)],
-                                       strip_padding(inputs.get("draft_token_ids", np.zeros(0, np.int64)))))
+            ids, lps = argmax_walk(best, torch.as_tensor(inputs["target_argmax_probs"]),
+                                   strip_padding(inputs.get("draft_token_ids", np.zeros(0, np.int64))))
+            out = _outputs((ids, lps, None))
             self.metrics.add("spec_decode_verify_seconds_total", time.perf_counter() - start)
             return out
         if _scored_nothing(inputs):  # a release or a prompt chunk

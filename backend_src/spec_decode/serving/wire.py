@@ -17,9 +17,10 @@ import numpy as np
 
 from ..settings import InvalidInputError, decode_text
 
-SPEC_STEP, SCORE_STEP = "spec_step", "score_step"  # the ensembles generate calls (score_step: rounds without drafts)
+# the ensembles generate calls (score_step: rounds without drafts; greedy_step: greedy rounds, without the verifier)
+SPEC_STEP, SCORE_STEP, GREEDY_STEP = "spec_step", "score_step", "greedy_step"
 GENERATE, GENERATE_TRTLLM = "generate", "generate_trtllm"  # the client models (generate_trtllm: batched, over BLS)
-STEP_PARTS = ("draft_model", "target_model", "verifier")  # the models the two ensembles run
+STEP_PARTS = ("draft_model", "target_model", "verifier")  # the models the ensembles run
 PAD_ID = -1  # pads rows of token-id tensors (never a token id)
 
 _NUMPY = {"BOOL": np.bool_, "INT32": np.int32, "INT64": np.int64, "UINT32": np.uint32, "UINT64": np.uint64,
@@ -240,6 +241,13 @@ MODELS: dict[str, ModelWire] = {
               optional="logits_processors seeded num_scheduled_tokens"),
         _pick(STEP, "output_ids output_log_probs hidden_states " + _LOGPROBS_OUT + " " + _TARGET_FACTS),
         steps=("target_model", "verifier")),
+    GREEDY_STEP: ModelWire(
+        _pick(STEP, "sequence_id token_ids num_draft_tokens speculative_method temperature top_k top_p random_seed "
+                    "seeded step release context_hidden_states num_context_hidden_states logits_processors "
+                    "num_scheduled_tokens",
+              optional="context_hidden_states num_context_hidden_states logits_processors num_scheduled_tokens"),
+        _pick(STEP, "draft_token_ids target_argmax target_argmax_probs hidden_states " + _TARGET_FACTS),
+        steps=("draft_model", "target_model")),
 }
 
 DRAFT_MODEL_INPUTS = MODELS["draft_model"].input_names
@@ -251,8 +259,9 @@ GENERATE_OUTPUTS = MODELS[GENERATE].output_names
 
 def ensemble_maps(ensemble: str) -> list[tuple[str, dict[str, str], dict[str, str]]]:
     """Each step of an ensemble as (model, input_map, output_map), by one rule: a step's output keeps its name when it
-    is an output of the ensemble, else it becomes ``_<name>`` (internal); a step's input is fed by the latest earlier
-    step's output of that name, else by the ensemble's input of that name.
+    is an output of the ensemble, becomes ``_<name>`` (internal) when a later step reads it, and is left unmapped
+    otherwise (Triton refuses an ensemble tensor nothing uses); a step's input is fed by the latest earlier step's
+    output of that name, else by the ensemble's input of that name.
 
     Raises:
         KeyError: ``ensemble`` is not an ensemble of :data:`MODELS`, or a step input has no source.
@@ -272,7 +281,9 @@ def ensemble_maps(ensemble: str) -> list[tuple[str, dict[str, str], dict[str, st
                 inputs[name] = name
             else:
                 raise KeyError(f"{ensemble}: input {name!r} of {model} has no source")
-        outputs = {name: name if name in wire.output_names else f"_{name}" for name in step.output_names}
+        later = {n for m in wire.steps[len(out) + 1:] for n in MODELS[m].input_names}
+        outputs = {name: name if name in wire.output_names else f"_{name}" for name in step.output_names
+                   if name in wire.output_names or name in later}
         produced.update(outputs)
         out.append((model, inputs, outputs))
     return out

@@ -86,15 +86,14 @@ def test_make_bench_goals_use_pass_one_per_prompt_ratios_and_concurrency():
 
     before = {m: {"request_success": 0, "request_duration_us": 0, "compute_infer_duration_us": 0,
                   "queue_duration_us": 0}
-              for m in ("spec_step", "score_step", "draft_model", "target_model", "verifier")}
-    before |= {"score_s": 1.0, "verify_s": 0.0}
+              for m in ("spec_step", "score_step", "greedy_step", "draft_model", "target_model", "verifier")}
+    before |= {"score_s": 1.0, "verify_s": 0.0, "calls_s": 2.0}
     after = {m: dict(v) for m, v in before.items() if isinstance(v, dict)}
     after["spec_step"]["request_duration_us"] = 250_000  # 10 steps of 45 ms, some with drafts, some without
-    after["score_step"]["request_duration_us"] = 200_000
     after["target_model"]["compute_infer_duration_us"] = 400_000
-    after |= {"score_s": 1.38, "verify_s": 0.01}
+    after |= {"score_s": 1.38, "verify_s": 0.01, "calls_s": 2.45}
     st = stages(before, after, steps=10, step_s=0.05)
-    assert st["client step"] == pytest.approx(50) and st["ensemble (spec_step, score_step)"] == pytest.approx(45)
+    assert st["client step"] == pytest.approx(50) and st["step calls"] == pytest.approx(45)
     assert st["generate + gRPC"] == pytest.approx(5) and st["target_model execute"] == pytest.approx(40)
     assert st["target forward (scorer)"] == pytest.approx(38) and st["verifier (sampler)"] == pytest.approx(1)
 
