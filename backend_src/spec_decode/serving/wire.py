@@ -270,7 +270,7 @@ def ensemble_maps(ensemble: str) -> list[tuple[str, dict[str, str], dict[str, st
     if not wire.steps:
         raise KeyError(f"{ensemble} is not an ensemble")
     produced: dict[str, str] = {}
-    out = []
+    out: list[tuple[str, dict[str, str], dict[str, str]]] = []
     for model in wire.steps:
         step = MODELS[model]
         inputs = {}
