@@ -6,8 +6,8 @@ same length) two ways, prompt by prompt in alternating order so that drift on a 
 
 - in process: :func:`spec_decode.in_process.run_local` with no proposer (a step is the target's forward and the
   verifier's argmax), one sequence at a time;
-- through the server: one streamed gRPC ``generate`` request at a time (generate, the score_step ensemble,
-  target_model and the verifier, each its own process).
+- through the server: one streamed gRPC ``generate`` request at a time (generate and target_model, each its own
+  process: generate walks a greedy round's argmax itself, :mod:`spec_decode.serving.triton_step`).
 
 Prints tokens/s of each and their ratio (goal: the server >= 0.95x in process), saves JSON.
 
