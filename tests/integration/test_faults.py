@@ -64,7 +64,8 @@ def _all_ready(srv: TritonServer) -> bool:
 
 
 class _Streams:
-    """``n`` concurrent greedy streams of the default method; records how and when each ended."""
+    """``n`` concurrent streams of the default method, seeded sampling (greedy rounds skip the verifier: sampled ones
+    pass through every step model, so each kill reaches them); records how and when each ended."""
 
     def __init__(self, srv: TritonServer, n: int = 4):
         self.started = [threading.Event() for _ in range(n)]
@@ -76,7 +77,7 @@ class _Streams:
     def _run(self, url: str, i: int) -> None:
         try:
             r = stream_generate(url, f"def function_{i}(values):\n", STREAM_TOKENS, ignore_eos=True, timeout_s=120,
-                                on_text=lambda _t: self.started[i].set())
+                                temperature=0.8, random_seed=i + 1, on_text=lambda _t: self.started[i].set())
             self.ended[i] = ("complete", str(len(r.output_ids)), time.monotonic())
         except Exception as e:  # noqa: BLE001 - what the client sees is the point
             self.ended[i] = ("error", str(e), time.monotonic())
