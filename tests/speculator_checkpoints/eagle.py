@@ -47,17 +47,26 @@ def _save(state: dict, folder: Path, fmt: str, name: str) -> None:
 
 def write_eagle1(folder: Path, embedding: torch.Tensor, heads: int, kv_heads: int, inter: int,
                  layout: str = "authors", fmt: str = "bin", bias: bool | None = None, seed: int = 0,
-                 lm_head: torch.Tensor | None = None, drop: str = "", **config) -> Path:
+                 lm_head: torch.Tensor | None = None, drop: str = "", qkv_bias: str = "", para_norm: bool = False,
+                 token_map: torch.Tensor | None = None, **config) -> Path:
     """An EAGLE-1/2 head over a target whose input embedding is ``embedding`` [V, H], random layer.
 
     Args:
         layout: ``authors`` (yuhuili/EAGLE-*: a one-layer LlamaForCausalLM config, ``fc.*``, ``layers.0.*`` without
-            the input norm, ``embed_tokens.weight``; ``"bias": false`` in the config only when ``bias`` is False) or
+            the input norm, ``embed_tokens.weight``; ``"bias": false`` in the config only when ``bias`` is False),
             ``vllm`` (``EAGLEModel`` config with the Llama config under ``model``, ``model.``-prefixed layer and
-            embedding, ``lm_head.weight``: ``lm_head`` or the embedding).
+            embedding, ``lm_head.weight``: ``lm_head`` or the embedding) or ``vllm_script`` (what vLLM's
+            ``vLLM_compatible_EAGLE_ckpt.py`` makes of an authors' head: ``{"model_type": "eagle", "model": <the
+            authors' config, with eagle_fc_bias: true when the head has fc.bias>}``, the authors' weight names plus
+            ``lm_head.weight``, model.safetensors).
         fmt: ``bin`` (pytorch_model.bin, as published) or ``safetensors`` (model.safetensors).
         drop: a weight name to leave out (load-error tests).
-        config: config keys to set or override (the Llama config's, under ``model`` for vLLM's layout).
+        qkv_bias: ``""`` (none), ``"qkv_bias"`` (the EAGLE authors' Qwen2 heads: ``"qkv_bias": true`` and
+            ``layers.0.self_attn.{q,k,v}_proj.bias``) or ``"attention_bias"`` (Llama's: also ``o_proj.bias``).
+        para_norm: HASS's ``add_para_norm`` (in the Llama config) and its ``enorm.weight`` / ``hnorm.weight``.
+        token_map: a truncated vocabulary (vLLM's layouts): ``token_map`` and ``truncated_vocab_size`` written, and
+            ``lm_head`` kept as given (its rows, or the target's whole [V, H] one).
+        config: config keys to set or override (the Llama config's, under ``model`` for vLLM's layouts).
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -66,15 +75,35 @@ def write_eagle1(folder: Path, embedding: torch.Tensor, heads: int, kv_heads: in
     prefix = "model." if layout == "vllm" else ""
     state = _layer(gen, h, heads, kv_heads, inter, h, f"{prefix}layers.0.", 0.3)
     state["fc.weight"] = torch.randn(h, 2 * h, generator=gen) * 0.3
-    with_bias = bias if bias is not None else layout == "authors"
+    with_bias = bias if bias is not None else layout != "vllm"
     if with_bias:
         state["fc.bias"] = torch.randn(h, generator=gen) * 0.1
+    d = h // heads
+    if qkv_bias:
+        for p, rows in (("q", heads * d), ("k", kv_heads * d), ("v", kv_heads * d)):
+            state[f"{prefix}layers.0.self_attn.{p}_proj.bias"] = torch.randn(rows, generator=gen) * 0.2
+        if qkv_bias == "attention_bias":
+            state[f"{prefix}layers.0.self_attn.o_proj.bias"] = torch.randn(h, generator=gen) * 0.2
+    if para_norm:
+        state["enorm.weight"] = 1 + 0.2 * torch.randn(h, generator=gen)
+        state["hnorm.weight"] = 1 + 0.2 * torch.randn(h, generator=gen)
     state[f"{prefix}embed_tokens.weight"] = embedding.detach().float().clone()
-    llama = _llama_config(h, v, heads, kv_heads, inter)
+    llama = _llama_config(h, v, heads, kv_heads, inter, **({qkv_bias: True} if qkv_bias else {}),
+                          **({"add_para_norm": True} if para_norm else {}))
+    n = v if token_map is None else len(token_map)
+    if token_map is not None:
+        state["token_map"] = token_map.to(torch.int64)
     if layout == "vllm":
         state["lm_head.weight"] = (lm_head if lm_head is not None else embedding).detach().float().clone()
         cfg = {"architectures": ["EAGLEModel"], "model_type": "eagle", "model": {**llama, **config},
-               "num_lookahead_tokens": 5, "eagle_fc_bias": with_bias, "truncated_vocab_size": v}
+               "num_lookahead_tokens": 5, "eagle_fc_bias": with_bias, "truncated_vocab_size": n}
+    elif layout == "vllm_script":
+        state["lm_head.weight"] = (lm_head if lm_head is not None else embedding).detach().float().clone()
+        inner = {**llama, **({"bias": False} if bias is False else {}), **config}
+        if with_bias:
+            inner["eagle_fc_bias"] = True
+        cfg = {"model_type": "eagle", "model": inner}
+        fmt = "safetensors"
     else:
         cfg = {**llama, **({"bias": False} if bias is False else {}), **config}
     state.pop(drop, None)

@@ -69,12 +69,19 @@ def _inv_freq(theta=10000.0, scaling=None):
     return torch.tensor(out, dtype=torch.float64)
 
 
+def _linear(x, w, name):
+    """x @ W^T, plus the bias when the weights have one (``<name>.bias``)."""
+    y = x @ w[name + ".weight"].T
+    return y + w[name + ".bias"] if name + ".bias" in w else y
+
+
 def _attention(x, w, prefix, pos, inv):
-    """Llama's self-attention of one sequence x [T, in] (causal, rotary positions ``pos``, grouped key/value heads)."""
+    """Llama's self-attention of one sequence x [T, in] (causal, rotary positions ``pos``, grouped key/value heads;
+    Qwen2's q/k/v biases, Llama's ``attention_bias``, when the weights have them)."""
     t = x.shape[0]
-    q = (x @ w[prefix + "q_proj.weight"].T).view(t, HEADS, D)
-    k = (x @ w[prefix + "k_proj.weight"].T).view(t, KV, D)
-    v = (x @ w[prefix + "v_proj.weight"].T).view(t, KV, D)
+    q = _linear(x, w, prefix + "q_proj").view(t, HEADS, D)
+    k = _linear(x, w, prefix + "k_proj").view(t, KV, D)
+    v = _linear(x, w, prefix + "v_proj").view(t, KV, D)
     ang = pos.double()[:, None, None] * inv  # [T, 1, D/2]
     cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
 
@@ -86,7 +93,7 @@ def _attention(x, w, prefix, pos, inv):
     scores = torch.einsum("thd,shd->hts", q, k) / math.sqrt(D)
     scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
     att = torch.einsum("hts,shd->thd", scores.softmax(-1), v).reshape(t, HEADS * D)
-    return att @ w[prefix + "o_proj.weight"].T
+    return _linear(att, w, prefix + "o_proj")
 
 
 def _mlp(x, w, prefix):
@@ -95,11 +102,14 @@ def _mlp(x, w, prefix):
 
 
 def eagle1_reference(w, embedding, lm_head, hidden, tokens, pos, inv, prefix="layers.0."):
-    """EAGLE-1 (SafeAILab/EAGLE ``model/cnets.py``): fc over [E(x_{j+1}); f_j] (+ bias), one Llama decoder layer
-    without its input norm, the target's LM head on its output; logits [T, N]."""
-    x = torch.cat([embedding[tokens], hidden], -1) @ w["fc.weight"].T
-    if "fc.bias" in w:
-        x = x + w["fc.bias"]
+    """EAGLE-1 (SafeAILab/EAGLE ``model/cnets.py``, ``model/cnets1.py``): fc over [E(x_{j+1}); f_j] (+ bias), one
+    Llama decoder layer without its input norm (q/k/v biases where the head has them: ``cnets1.py``'s
+    ``qkv_bias``), the target's LM head on its output; logits [T, N]. HASS's ``add_para_norm`` (vLLM ``eagle.py``
+    ``EAGLE.forward``): ``enorm`` on the embedding and ``hnorm`` on the hidden state before fc."""
+    e = embedding[tokens]
+    if "enorm.weight" in w:
+        e, hidden = _rms(e, w["enorm.weight"]), _rms(hidden, w["hnorm.weight"])
+    x = _linear(torch.cat([e, hidden], -1), w, "fc")
     h = x + _attention(x, w, prefix + "self_attn.", pos, inv)
     out = h + _mlp(_rms(h, w[prefix + "post_attention_layernorm.weight"]), w, prefix + "mlp.")
     return out @ lm_head.T
@@ -233,6 +243,75 @@ def test_a_vllm_eagle1_head_with_a_truncated_vocabulary_drafts_over_its_token_ma
     got = _teacher_forced(model, hidden, tokens, pos)
     assert got.shape == (len(tokens), 40)
     _close(got, want)
+
+
+@pytest.mark.parametrize("layout, variant", [
+    ("authors", "qkv_bias"),  # yuhuili/EAGLE-Qwen2-*: "qkv_bias": true, q/k/v biases (cnets1.py)
+    ("authors", "qwen2"),  # a head config that only says model_type qwen2 (Qwen2's attention has q/k/v biases)
+    ("vllm", "attention_bias"),  # Llama's attention_bias: q/k/v and o biases
+    ("vllm", "para_norm"),  # HASS: add_para_norm, enorm / hnorm before fc
+    ("authors", "para_norm"),
+    ("vllm_script", "fc_bias"),  # vLLM's conversion script: eagle_fc_bias under "model"
+    ("vllm_script", "qkv_bias"),
+    ("vllm", "full_lm_head"),  # a truncated vocabulary with the target's whole [V, H] lm_head (vLLM slices it)
+])
+def test_published_eagle1_variants_compute_their_authors_maths(tiny_lm, target, tmp_path, layout, variant):
+    """Each variant real users download drafts from its authors' computation (none loads silently without its
+    biases, norms or rows): the loaded head's teacher-forced logits against the reference from the raw weights."""
+    emb = tiny_lm.get_input_embeddings().weight.detach()
+    own_head = torch.randn(V, H, generator=torch.Generator().manual_seed(9))
+    kw: dict = {}
+    token_map = None
+    if variant in ("qkv_bias", "attention_bias"):
+        kw["qkv_bias"] = variant
+    elif variant == "qwen2":
+        kw["qkv_bias"] = "qkv_bias"
+    elif variant == "para_norm":
+        kw["para_norm"] = True
+    elif variant == "fc_bias":
+        kw["bias"] = True
+    elif variant == "full_lm_head":
+        token_map = torch.tensor(sorted(torch.randperm(V, generator=torch.Generator().manual_seed(3))[:40].tolist()))
+        kw["token_map"] = token_map
+    folder = write_eagle1(tmp_path / "h", emb, HEADS, KV, INTER, layout=layout, fmt="safetensors", seed=11,
+                          lm_head=own_head, **kw)
+    if variant == "qwen2":  # the key left out: model_type alone
+        _edit(folder, {"qkv_bias": None, "model_type": "qwen2"})
+    assert detect(folder) == "eagle"
+    model, vocab = load_eagle1(folder, target)
+    w = _raw(folder)
+    prefix = "model." if layout == "vllm" else ""
+    lm_head = w["lm_head.weight"] if layout != "authors" else tiny_lm.get_output_embeddings().weight.detach().double()
+    if token_map is not None:
+        assert lm_head.shape == (V, H) and vocab.token_ids.tolist() == token_map.tolist()
+        lm_head = lm_head[token_map]
+    tokens, pos, g = _sequence(5)
+    hidden = torch.randn(len(tokens), H, generator=g) * 2
+    want = eagle1_reference(w, w[prefix + "embed_tokens.weight"], lm_head, hidden.double(), tokens, pos, _inv_freq(),
+                            prefix + "layers.0.")
+    _close(_teacher_forced(model, hidden, tokens, pos), want)
+    # the variant's weights matter: the plain computation (without them) is another one
+    plain = {k: t for k, t in w.items() if not k.endswith(("_proj.bias", "norm.weight")) or "layernorm" in k}
+    if variant != "full_lm_head":
+        other = eagle1_reference(plain if variant != "fc_bias" else {k: t for k, t in w.items() if k != "fc.bias"},
+                                 w[prefix + "embed_tokens.weight"], lm_head, hidden.double(), tokens, pos,
+                                 _inv_freq(), prefix + "layers.0.")
+        assert not torch.allclose(other, want, atol=1e-3 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("variant, key", [
+    ("qkv_bias", "layers.0.self_attn.k_proj.bias"),
+    ("para_norm", "hnorm.weight"),
+    ("fc_bias", "fc.bias"),
+])
+def test_an_eagle1_variant_missing_its_weights_is_refused_naming_it(tiny_lm, target, tmp_path, variant, key):
+    """A config that names a variant whose weights the file lacks is refused at load, naming the weight."""
+    kw = {"qkv_bias": dict(qkv_bias="qkv_bias"), "para_norm": dict(para_norm=True),
+          "fc_bias": dict(layout="vllm_script", bias=True)}[variant]
+    folder = _eagle1(tiny_lm, tmp_path / "h", drop=key, **kw)
+    with pytest.raises(SpeculatorLoadError) as e:
+        load_eagle1(folder, target)
+    assert e.value.key == key
 
 
 def _eagle1(tiny_lm, folder, **kw):

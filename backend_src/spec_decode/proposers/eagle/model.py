@@ -95,7 +95,10 @@ class EagleHead(nn.Module):
         config: sizes as the target's (:func:`eagle_config`): ``num_attention_heads``, ``num_key_value_heads``,
             ``head_dim``, ``intermediate_size``, ``rope_theta``, ``rms_norm_eps``; optional ``rope_scaling``
             (:func:`rope_inv_freq`), ``input_norm`` (default true: the layer's input RMSNorm; EAGLE-1's published heads
-            have none) and ``fc_bias`` (default true: the bias of ``fc``, EAGLE-1's ``bias`` setting).
+            have none), ``fc_bias`` (default true: the bias of ``fc``, EAGLE-1's ``bias`` setting), ``qkv_bias`` and
+            ``o_bias`` (default false: biases of the attention's q/k/v and output projections, as Qwen2's and
+            Llama's ``attention_bias``) and ``para_norm`` (default false: HASS's ``add_para_norm``, RMSNorms ``enorm``
+            on the embedding and ``hnorm`` on the hidden state before ``fc``).
         embeds_target_ids: :meth:`pair_inputs` takes target ids (rows of a [V, H] embedding) instead of
             draft-vocabulary indices.
 
@@ -123,11 +126,15 @@ class EagleHead(nn.Module):
         self.register_buffer("embedding", embedding.detach().float().clone())
         self.register_buffer("head", head.detach().float().clone())
         self.fc = nn.Linear(2 * h, h, bias=bool(config.get("fc_bias", True)))
+        para = bool(config.get("para_norm", False))
+        self.enorm: nn.Module = RMSNorm(h, eps) if para else nn.Identity()
+        self.hnorm: nn.Module = RMSNorm(h, eps) if para else nn.Identity()
         self.input_norm: nn.Module = RMSNorm(h, eps) if config.get("input_norm", True) else nn.Identity()
-        self.q_proj = nn.Linear(h, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, h, bias=False)
+        qkv_bias = bool(config.get("qkv_bias", False))
+        self.q_proj = nn.Linear(h, self.heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, h, bias=bool(config.get("o_bias", False)))
         self.post_norm = RMSNorm(h, eps)
         self.gate_proj = nn.Linear(h, inter, bias=False)
         self.up_proj = nn.Linear(h, inter, bias=False)
@@ -153,8 +160,8 @@ class EagleHead(nn.Module):
     def pair_inputs(self, state: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """The layer's inputs z [..., H] for pairs (state [..., H]: the target's hidden state, or the head's own
         output when drafting; tokens [...]: int64 draft-vocabulary indices, or target ids with
-        ``embeds_target_ids``)."""
-        return self.fc(torch.cat([self.embedding[tokens], state.to(self.embedding.dtype)], -1))
+        ``embeds_target_ids``); with ``para_norm``, each half normed first (``enorm``, ``hnorm``)."""
+        return self.fc(torch.cat([self.enorm(self.embedding[tokens]), self.hnorm(state.to(self.embedding.dtype))], -1))
 
     def project(self, z: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The attention's rotated queries [B, heads, T, D], keys and values [B, kv_heads, T, D] of inputs z [B, T, H]

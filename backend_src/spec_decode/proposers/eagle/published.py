@@ -10,7 +10,22 @@ Two layouts (:func:`load_eagle1`):
 - vLLM's conversion (``vllm/model_executor/models/eagle.py``, ``transformers_utils/configs/eagle.py``): config
   ``EAGLEModel`` / ``model_type: eagle`` with the Llama config under ``model`` (``eagle_fc_bias``, ``skip_prenorm``,
   ``truncated_vocab_size``), weights ``fc.*``, ``model.layers.0.*``, ``model.embed_tokens.weight``, ``lm_head.weight``
-  and, for a truncated vocabulary, ``token_map`` (the target ids of its LM head's rows).
+  and, for a truncated vocabulary, ``token_map`` (the target ids of its LM head's rows). vLLM's own conversion script
+  (``examples/.../vLLM_compatible_EAGLE_ckpt.py``) writes ``{"model_type": "eagle", "model": <the authors' config>}``
+  with ``eagle_fc_bias: true`` inside ``model`` when the head has ``fc.bias``, and the authors' weight names.
+
+Variants read from either layout:
+
+- q/k/v biases (``layers.0.self_attn.{q,k,v}_proj.bias``): heads of Qwen2 targets (``yuhuili/EAGLE-Qwen2-*``), whose
+  config says ``qkv_bias: true`` (the authors' ``model/cnets1.py`` builds the projections with ``bias=qkv_bias``) or
+  ``model_type: qwen2``; Llama's ``attention_bias: true`` adds the output projection's bias too.
+- HASS's ``add_para_norm`` (vLLM's ``eagle.py``: ``enorm`` and ``hnorm``, RMSNorms of the embedding and of the hidden
+  state before ``fc``).
+- a truncated vocabulary whose ``lm_head.weight`` is the target's whole [V, H] one: its ``token_map`` rows are taken
+  (as vLLM's ``EAGLE.load_weights`` slices it).
+
+A bias or norm weight present in the file is used even where the config does not name it (it was trained); one the
+config names but the file lacks is refused, naming the key.
 """
 
 from __future__ import annotations
@@ -51,6 +66,13 @@ def _normalise(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def _flag(configured, in_file: bool) -> bool:
+    """Whether an optional weight is used: as the config says when it says true; when it says nothing (None), as the
+    file has it. A config that says false while the file has the weight: used (it was trained, and a head drafting
+    without it drafts from another computation)."""
+    return bool(configured) or in_file
+
+
 def load_eagle1(folder: Path, target: TargetInfo) -> tuple[EagleHead, DraftVocab]:
     """A published EAGLE-1/2 head (module docstring) as a float32 :class:`~.model.EagleHead` on the CPU, with its
     vocabulary (the target's whole one, or vLLM's ``token_map``), checked against the target.
@@ -75,28 +97,44 @@ def load_eagle1(folder: Path, target: TargetInfo) -> tuple[EagleHead, DraftVocab
         raise SpeculatorLoadError(cfg_file, "skip_output_norm", "false is not supported (EAGLE-1 heads have no "
                                                                 "output norm)")
     input_norm = vllm and cfg.get("skip_prenorm") is False
-    bias = bool(top.get("eagle_fc_bias", False)) if vllm else bool(top.get("bias", True))
     heads = config_int(cfg, "num_attention_heads", cfg_file)
     kv = config_int(cfg, "num_key_value_heads", cfg_file, default=heads)
     d = config_int(cfg, "head_dim", cfg_file, default=h // heads)
     inter = config_int(cfg, "intermediate_size", cfg_file)
     file = find_weights(folder)
     state = _normalise(load_weights(file))
+    # vLLM's config reads eagle_fc_bias at its top; vLLM's conversion script writes it into "model"
+    fc_bias = _flag(top.get("eagle_fc_bias", cfg.get("eagle_fc_bias")) if vllm else top.get("bias", True),
+                    "fc.bias" in state)
+    qkv_bias = _flag(cfg.get("qkv_bias", cfg.get("attention_bias", True if cfg.get("model_type") == "qwen2" else None)),
+                     "layers.0.self_attn.q_proj.bias" in state)
+    o_bias = _flag(cfg.get("attention_bias"), "layers.0.self_attn.o_proj.bias" in state)
+    para_norm = _flag(cfg.get("add_para_norm", top.get("add_para_norm")), "enorm.weight" in state)
     why = f"hidden size {h}, {heads} heads of {d}, {kv} key/value heads, MLP {inter}"
     shapes = {"q_proj.weight": (heads * d, h), "k_proj.weight": (kv * d, h), "v_proj.weight": (kv * d, h),
               "o_proj.weight": (h, heads * d), "gate_proj.weight": (inter, h), "up_proj.weight": (inter, h),
               "down_proj.weight": (h, inter), "post_norm.weight": (h,)}
     weights = {mine: take(state, f"layers.0.{pub}", shapes[mine], file, why) for pub, mine in _LAYER.items()}
     weights["fc.weight"] = take(state, "fc.weight", (h, 2 * h), file, f"[embedding; hidden state] of hidden size {h}")
-    if bias:
+    if fc_bias:
         weights["fc.bias"] = take(state, "fc.bias", (h,), file, "the config asks for fc's bias")
+    if qkv_bias:
+        for p, rows in (("q", heads * d), ("k", kv * d), ("v", kv * d)):
+            weights[f"{p}_proj.bias"] = take(state, f"layers.0.self_attn.{p}_proj.bias", (rows,), file,
+                                             "the config asks for q/k/v biases (qkv_bias, attention_bias, qwen2)")
+    if o_bias:
+        weights["o_proj.bias"] = take(state, "layers.0.self_attn.o_proj.bias", (h,), file, "attention_bias true")
+    if para_norm:
+        for norm in ("enorm", "hnorm"):
+            weights[f"{norm}.weight"] = take(state, f"{norm}.weight", (h,), file, "add_para_norm true (HASS)")
     if input_norm:
         weights["input_norm.weight"] = take(state, "layers.0.input_layernorm.weight", (h,), file, "skip_prenorm false")
     embedding = (take(state, "embed_tokens.weight", (v, h), file, f"the target's vocabulary {v} x hidden {h}")
                  if "embed_tokens.weight" in state else target.embeddings())
     n = config_int(top, "truncated_vocab_size", cfg_file, default=v) if vllm else v
     if "lm_head.weight" in state:
-        head = take(state, "lm_head.weight", (n, h), file, f"vocabulary {n} x hidden {h}")
+        rows = n if n == v or tuple(state["lm_head.weight"].shape) != (v, h) else v  # the whole one: sliced below
+        head = take(state, "lm_head.weight", (rows, h), file, f"vocabulary {n} (or the target's {v}) x hidden {h}")
     else:
         if n != v:
             raise SpeculatorLoadError(file, "lm_head.weight",
@@ -109,13 +147,16 @@ def load_eagle1(folder: Path, target: TargetInfo) -> tuple[EagleHead, DraftVocab
             raise SpeculatorLoadError(file, "token_map", f"missing weight (a truncated vocabulary of {n} needs it)")
         if token_ids.min() < 0 or token_ids.max() >= v or torch.unique(token_ids).numel() != n:
             raise SpeculatorLoadError(file, "token_map", f"ids must be distinct and lie in [0, {v})")
+        if head.shape[0] == v:  # the target's whole LM head: the truncated vocabulary's rows
+            head = head[token_ids]
     else:
         token_ids = torch.arange(v)
     config = {"num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": d, "intermediate_size": inter,
               "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
               "rope_theta": float(cfg.get("rope_theta", 10000.0) or 10000.0),
               "rope_scaling": cfg.get("rope_scaling") or cfg.get("rope_parameters"),
-              "max_position_embeddings": target.max_position_embeddings, "input_norm": input_norm, "fc_bias": bias}
+              "max_position_embeddings": target.max_position_embeddings, "input_norm": input_norm, "fc_bias": fc_bias,
+              "qkv_bias": qkv_bias, "o_bias": o_bias, "para_norm": para_norm}
     try:
         rope_inv_freq(config, d)
     except (ValueError, KeyError, TypeError) as e:
