@@ -114,25 +114,45 @@ def write_eagle1(folder: Path, embedding: torch.Tensor, heads: int, kv_heads: in
 
 def write_eagle3(folder: Path, hidden: int, vocab: int, heads: int, kv_heads: int, inter: int, draft_vocab: int,
                  layout: str = "eagle3", fmt: str = "bin", seed: int = 0, layer_ids: list[int] | None = None,
-                 embedding: torch.Tensor | None = None, drop: str = "", **config) -> Path:
-    """An EAGLE-3 head (random weights) as the EAGLE authors' trainer writes it.
+                 embedding: torch.Tensor | None = None, drop: str = "", target_hidden: int | None = None,
+                 norm_before_residual: bool = False, norm_before_fc: bool = False, attention_bias: bool = False,
+                 **config) -> Path:
+    """An EAGLE-3 head (random weights) as the EAGLE authors' trainer, or the ``speculators`` library, writes it.
 
     Args:
-        layout: ``eagle3`` (config ``LlamaForCausalLMEagle3``, as yuhuili/EAGLE3-* publish) or ``trainer`` (the
-            trainer's own ``LlamaForCausalLM`` config with ``draft_vocab_size``).
+        layout: ``eagle3`` (config ``LlamaForCausalLMEagle3``, as yuhuili/EAGLE3-* publish), ``trainer`` (the
+            trainer's own ``LlamaForCausalLM`` config with ``draft_vocab_size``) or ``speculators`` (vLLM's
+            ``speculators`` library, RedHatAI's heads: ``Eagle3Speculator``, sizes under
+            ``transformer_layer_config``, weights ``layers.0.*``, ``fc.bias``, its own ``embed_tokens.weight``,
+            model.safetensors).
         draft_vocab: N, the draft vocabulary (every other target token from 0: ``d2t`` offsets, ``t2d`` mask).
-        layer_ids: written as ``eagle_config.eagle_aux_hidden_state_layer_ids`` when given.
+        layer_ids: written as ``eagle_config.eagle_aux_hidden_state_layer_ids`` when given (at the config's top for
+            ``speculators``).
         embedding: written as ``embed_tokens.weight`` when given (else the target's is shared).
         drop: a weight name to leave out.
+        target_hidden: ``target_hidden_size`` (a head of another width than the target's: ``fc`` [H, 3 x it]).
+        norm_before_residual, norm_before_fc: those config flags (``norm_before_fc`` also writes
+            ``input_norm.weight`` over the concatenated target states, as ``nvidia/gpt-oss-120b-Eagle3-v3``).
+        attention_bias: ``attention_bias: true`` and q/k/v/o biases.
         config: config keys to set or override.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(seed)
-    state = _layer(gen, hidden, heads, kv_heads, inter, 2 * hidden, "midlayer.", 0.3)
-    state["midlayer.input_layernorm.weight"] = 1 + 0.1 * torch.randn(hidden, generator=gen)
-    state["midlayer.hidden_norm.weight"] = 1 + 0.1 * torch.randn(hidden, generator=gen)
-    state["fc.weight"] = torch.randn(hidden, 3 * hidden, generator=gen) * 0.3
+    ht = target_hidden or hidden
+    layer = "layers.0." if layout == "speculators" else "midlayer."
+    state = _layer(gen, hidden, heads, kv_heads, inter, 2 * hidden, layer, 0.3)
+    state[f"{layer}input_layernorm.weight"] = 1 + 0.1 * torch.randn(hidden, generator=gen)
+    state[f"{layer}hidden_norm.weight"] = 1 + 0.1 * torch.randn(hidden, generator=gen)
+    state["fc.weight"] = torch.randn(hidden, 3 * ht, generator=gen) * 0.3
+    if layout == "speculators":
+        state["fc.bias"] = torch.randn(hidden, generator=gen) * 0.1
+    if norm_before_fc:
+        state["input_norm.weight"] = 1 + 0.2 * torch.randn(3 * ht, generator=gen)
+    if attention_bias:
+        d = hidden // heads
+        for p, rows in (("q", heads * d), ("k", kv_heads * d), ("v", kv_heads * d), ("o", hidden)):
+            state[f"{layer}self_attn.{p}_proj.bias"] = torch.randn(rows, generator=gen) * 0.2
     state["norm.weight"] = 1 + 0.1 * torch.randn(hidden, generator=gen)
     state["lm_head.weight"] = torch.randn(draft_vocab, hidden, generator=gen) * 2.0
     ids = torch.arange(draft_vocab) * max(1, vocab // draft_vocab)
@@ -142,10 +162,27 @@ def write_eagle3(folder: Path, hidden: int, vocab: int, heads: int, kv_heads: in
     state["t2d"] = t2d
     if embedding is not None:
         state["embed_tokens.weight"] = embedding.detach().float().clone()
-    cfg = _llama_config(hidden, vocab, heads, kv_heads, inter, draft_vocab_size=draft_vocab, bias=False)
-    cfg["architectures"] = ["LlamaForCausalLMEagle3"] if layout == "eagle3" else ["LlamaForCausalLM"]
-    if layer_ids is not None:
-        cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": layer_ids}
+    flags = {**({"norm_before_residual": True} if norm_before_residual else {}),
+             **({"norm_before_fc": True} if norm_before_fc else {}),
+             **({"target_hidden_size": target_hidden} if target_hidden else {})}
+    llama = _llama_config(hidden, vocab, heads, kv_heads, inter, **({"attention_bias": True} if attention_bias else {}))
+    llama["head_dim"] = hidden // heads
+    if layout == "speculators":
+        llama["architectures"] = ["LlamaForCausalLM"]
+        cfg = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "model_type": "speculators",
+               "draft_vocab_size": draft_vocab, "norm_before_residual": norm_before_residual,
+               "target_hidden_size": target_hidden, "transformer_layer_config": llama,
+               "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                      "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+                                      "verifier": {"architectures": ["LlamaForCausalLM"], "name_or_path": "target"}},
+               **({"eagle_aux_hidden_state_layer_ids": layer_ids} if layer_ids is not None else {}),
+               **({"norm_before_fc": True} if norm_before_fc else {})}
+        fmt = "safetensors"
+    else:
+        cfg = {**llama, "draft_vocab_size": draft_vocab, "bias": False, **flags}
+        cfg["architectures"] = ["LlamaForCausalLMEagle3"] if layout == "eagle3" else ["LlamaForCausalLM"]
+        if layer_ids is not None:
+            cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": layer_ids}
     cfg.update(config)
     state.pop(drop, None)
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))

@@ -75,14 +75,26 @@ def test_aux_hidden_state_layers_is_auto_none_or_ids(deep_lm, deep_dir, heads, t
 
 def test_aux_hidden_states_refuses_layers_the_decoder_does_not_have(deep_lm):
     decoder = deep_lm.get_decoder()
-    for bad in ([6], [-1], [1, 1]):
-        with pytest.raises(ValueError, match=r"distinct ids in \[0, 6\)"):
+    for bad in ([7], [-1], [1, 1]):
+        with pytest.raises(ValueError, match=r"distinct ids in \[0, 6\]"):
             AuxHiddenStates(decoder, bad)
     with pytest.raises(ValueError, match="no `layers`"):
         AuxHiddenStates(torch.nn.Linear(2, 2), [0])
     none = AuxHiddenStates(torch.nn.Linear(2, 2), [])
     x = torch.randn(1, 3, H)
     assert none.gather(x, torch.zeros(1, 3, dtype=torch.long)) is x
+
+
+def test_layer_l_is_the_last_layer_s_output_before_the_final_norm(deep_lm):
+    """Id L (6 of 6 layers; heads such as nvidia/gpt-oss-120b-Eagle3-v3 name it) is the residual stream leaving the
+    last layer: the final norm of it is transformers' last hidden state."""
+    aux = AuxHiddenStates(deep_lm.model, [2, 6])
+    with torch.inference_mode():
+        hs = deep_lm(torch.tensor([[5, 6, 7, 8]]), output_hidden_states=True).hidden_states
+        out = aux.gather(hs[-1][:, [1, 3]], torch.tensor([[1, 3]]))
+        torch.testing.assert_close(deep_lm.model.norm(out[..., 2 * H:]), hs[-1][:, [1, 3]], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(out[..., H: 2 * H], hs[2][:, [1, 3]])
+        assert not torch.allclose(out[..., 2 * H:], hs[-1][:, [1, 3]], atol=1e-3)  # before the norm, not after
 
 
 def test_the_hooks_go_with_the_object_that_registered_them(deep_lm):

@@ -76,12 +76,14 @@ def _linear(x, w, name):
 
 
 def _attention(x, w, prefix, pos, inv):
-    """Llama's self-attention of one sequence x [T, in] (causal, rotary positions ``pos``, grouped key/value heads;
-    Qwen2's q/k/v biases, Llama's ``attention_bias``, when the weights have them)."""
+    """Llama's self-attention of one sequence x [T, in] (causal, rotary positions ``pos``, grouped key/value heads of
+    D dims, as many as the projections hold; Qwen2's q/k/v biases, Llama's ``attention_bias``, when the weights have
+    them)."""
     t = x.shape[0]
-    q = _linear(x, w, prefix + "q_proj").view(t, HEADS, D)
-    k = _linear(x, w, prefix + "k_proj").view(t, KV, D)
-    v = _linear(x, w, prefix + "v_proj").view(t, KV, D)
+    heads, kv = w[prefix + "q_proj.weight"].shape[0] // D, w[prefix + "k_proj.weight"].shape[0] // D
+    q = _linear(x, w, prefix + "q_proj").view(t, heads, D)
+    k = _linear(x, w, prefix + "k_proj").view(t, kv, D)
+    v = _linear(x, w, prefix + "v_proj").view(t, kv, D)
     ang = pos.double()[:, None, None] * inv  # [T, 1, D/2]
     cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
 
@@ -89,10 +91,10 @@ def _attention(x, w, prefix, pos, inv):
         return u * cos + torch.cat([-u[..., D // 2 :], u[..., : D // 2]], -1) * sin
 
     q, k = rot(q), rot(k)
-    k, v = k.repeat_interleave(HEADS // KV, 1), v.repeat_interleave(HEADS // KV, 1)
+    k, v = k.repeat_interleave(heads // kv, 1), v.repeat_interleave(heads // kv, 1)
     scores = torch.einsum("thd,shd->hts", q, k) / math.sqrt(D)
     scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
-    att = torch.einsum("hts,shd->thd", scores.softmax(-1), v).reshape(t, HEADS * D)
+    att = torch.einsum("hts,shd->thd", scores.softmax(-1), v).reshape(t, heads * D)
     return _linear(att, w, prefix + "o_proj")
 
 
@@ -115,15 +117,21 @@ def eagle1_reference(w, embedding, lm_head, hidden, tokens, pos, inv, prefix="la
     return out @ lm_head.T
 
 
-def eagle3_reference(w, embedding, aux, tokens, pos, inv):
+def eagle3_reference(w, embedding, aux, tokens, pos, inv, norm_before_residual=False, layer="midlayer."):
     """EAGLE-3 (SafeAILab/EAGLE ``eagle/traineagle3/cnets.py``, vLLM ``llama_eagle3.py``): g = fc [aux_1; aux_2;
-    aux_3]; the midlayer attends over [input_layernorm(E(x_{j+1})); hidden_norm(g)] with residual g; MLP; final norm;
-    lm_head over the draft vocabulary. Returns (logits [T, N], the target id of each draft index: i + d2t[i])."""
-    g = torch.cat(aux, -1) @ w["fc.weight"].T
-    u = torch.cat([_rms(embedding[tokens], w["midlayer.input_layernorm.weight"]),
-                   _rms(g, w["midlayer.hidden_norm.weight"])], -1)
-    h = g + _attention(u, w, "midlayer.self_attn.", pos, inv)
-    out = h + _mlp(_rms(h, w["midlayer.post_attention_layernorm.weight"]), w, "midlayer.mlp.")
+    aux_3] (+ bias: the speculators library's ``Eagle3Speculator``), after an RMSNorm of the concatenation when the
+    head has ``input_norm.weight`` (``norm_before_fc``, SGLang PR #32334); the layer attends over
+    [input_layernorm(E(x_{j+1})); hidden_norm(g)] with residual g, or hidden_norm(g) with ``norm_before_residual``
+    (vLLM ``_norm_before_residual``); MLP; final norm; lm_head over the draft vocabulary. Returns (logits [T, N], the
+    target id of each draft index: i + d2t[i])."""
+    x = torch.cat(aux, -1)
+    if "input_norm.weight" in w:
+        x = _rms(x, w["input_norm.weight"])
+    g = _linear(x, w, "fc")
+    normed = _rms(g, w[layer + "hidden_norm.weight"])
+    u = torch.cat([_rms(embedding[tokens], w[layer + "input_layernorm.weight"]), normed], -1)
+    h = (normed if norm_before_residual else g) + _attention(u, w, layer + "self_attn.", pos, inv)
+    out = h + _mlp(_rms(h, w[layer + "post_attention_layernorm.weight"]), w, layer + "mlp.")
     logits = _rms(out, w["norm.weight"]) @ w["lm_head.weight"].T
     return logits, torch.arange(logits.shape[-1]) + w["d2t"]
 
@@ -374,8 +382,8 @@ def test_an_eagle1_head_that_does_not_fit_is_refused_naming_the_file_and_the_key
 
 
 @pytest.mark.parametrize("layout, fmt, layer_ids, embedded, scaling", [
-    ("eagle3", "bin", [1, 4, 5], False, None),  # yuhuili/EAGLE3-*: the target's embedding shared
-    ("trainer", "safetensors", [1, 4, 5], True, None),  # the trainer's LlamaForCausalLM + draft_vocab_size
+    ("eagle3", "bin", [3, 4, 5], False, None),  # yuhuili/EAGLE3-*: the target's embedding shared
+    ("trainer", "safetensors", [3, 4, 5], True, None),  # the trainer's LlamaForCausalLM + draft_vocab_size
     ("eagle3", "safetensors", None, True, LLAMA3),  # the default layers 2, L // 2, L - 3 = 2, 3, 3 of 6
     ("trainer", "bin", None, False, None),
 ])
@@ -412,8 +420,98 @@ def test_an_eagle3_head_computes_the_published_maths(deep_lm, deep_target, tmp_p
     torch.testing.assert_close(_teacher_forced(model2, wire2, tokens, pos), got)
 
 
+@pytest.mark.parametrize("layout, variant", [
+    ("eagle3", "norm_before_residual"),  # vLLM llama_eagle3.py: the residual is hidden_norm(g)
+    ("eagle3", "norm_before_fc"),  # nvidia/gpt-oss-120b-Eagle3-v3: an RMSNorm over [aux_1; aux_2; aux_3] before fc
+    ("eagle3", "attention_bias"),  # q/k/v/o biases
+    ("eagle3", "target_hidden_size"),  # a head wider than the target: fc over 3 x the target's width
+    ("speculators", "plain"),  # RedHatAI's: Eagle3Speculator, transformer_layer_config, layers.0.*, fc.bias
+    ("speculators", "norm_before_residual"),
+    ("speculators", "target_hidden_size"),
+])
+def test_published_eagle3_variants_compute_their_authors_maths(deep_lm, deep_target, tmp_path, layout, variant):
+    """Each EAGLE-3 variant real users download drafts from its authors' computation: the loaded head's
+    teacher-forced logits against the reference from the raw weights, and not the plain computation."""
+    width = 48 if variant == "target_hidden_size" else H  # the head's own width (the target's is 32)
+    heads = width // D
+    own = torch.randn(V, width, generator=torch.Generator().manual_seed(7))
+    kw = {variant: True} if variant in ("norm_before_residual", "norm_before_fc", "attention_bias") else {}
+    if variant == "target_hidden_size":
+        kw["target_hidden"] = H
+    folder = write_eagle3(tmp_path / "h", width, V, heads, KV, INTER, 48, layout=layout, seed=12, layer_ids=[3, 4, 5],
+                          embedding=own if layout == "speculators" or width != H else None, **kw)
+    assert detect(folder) == "eagle3"
+    model, vocab = load_eagle3(folder, deep_target)
+    assert model.hidden_size == H  # the width of the wire's blocks: the target's
+    w = _raw(folder)
+    layer = "layers.0." if layout == "speculators" else "midlayer."
+    embedding = w["embed_tokens.weight"] if "embed_tokens.weight" in w else \
+        deep_lm.get_input_embeddings().weight.detach().double()
+    tokens, pos, g = _sequence(4)
+    states = {i: torch.randn(len(tokens), H, generator=g) for i in (3, 4, 5)}
+    wire = torch.cat([torch.randn(len(tokens), H, generator=g)] + [states[i] for i in (3, 4, 5)], -1)
+    aux = [states[i].double() for i in (3, 4, 5)]
+    nbr = variant == "norm_before_residual"
+    want, draft_ids = eagle3_reference(w, embedding, aux, tokens, pos, _inv_freq(), nbr, layer)
+    _close(_teacher_forced(model, wire, tokens, pos), want)
+    assert vocab.token_ids.tolist() == draft_ids.tolist()
+    if variant != "plain" and variant != "target_hidden_size":  # without the variant: another computation
+        plain = {k: t for k, t in w.items() if k != "input_norm.weight" and not k.endswith("_proj.bias")}
+        other, _ = eagle3_reference(plain, embedding, aux, tokens, pos, _inv_freq(), False, layer)
+        assert not torch.allclose(other, want, atol=1e-3 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("ids, convention, served", [
+    ([1, 3, 5], "output-of-layer (SpecForge: first id 1)", [2, 4, 6]),  # read as SGLang reads them (+1)
+    ([2, 3, 5], "input-of-layer (vLLM, the EAGLE authors)", [2, 3, 5]),
+    ([3, 4, 6], "input-of-layer naming layer L (gpt-oss-120b-Eagle3-v3's [24, 30, 36])", [3, 4, 6]),
+])
+def test_eagle3_layer_ids_follow_sglang_s_conventions(deep_target, tmp_path, ids, convention, served):
+    """Explicit layer ids whose first is 1 name layers' outputs and are read one later (SGLang PR #25454); others are
+    layer inputs; L (6 here) is the last layer's output. A head trained here names inputs whatever its first id."""
+    folder = _eagle3(tmp_path / "h", layer_ids=ids)
+    cfg = json.loads((folder / "config.json").read_text())
+    assert eagle3_layer_ids(cfg, 6) == served, convention
+    assert aux_hidden_state_layers(str(folder), 6) == sorted(set(served))
+    model, _ = load_eagle3(folder, deep_target)
+    assert model.aux_columns == [1 + sorted(set(served)).index(i) for i in served]
+    ours = dict(cfg, spec_decode={"trained_by": "spec_decode.training.speculator"})
+    assert eagle3_layer_ids(ours, 6) == ids
+
+
+@pytest.mark.parametrize("case, key", [
+    ("two layers", "num_hidden_layers"),
+    ("fc_norm", "fc_norm"),
+    ("norm_output", "norm_output"),
+    ("norm_before_fc without its weight", "input_norm.weight"),
+    ("narrower target without an embedding", "embed_tokens.weight"),
+    ("target_hidden_size of another target", "target_hidden_size"),
+    ("speculators: hidden_size of another target", "hidden_size"),
+])
+def test_an_eagle3_variant_not_served_is_refused_naming_the_key(deep_target, tmp_path, case, key):
+    """A variant this head cannot compute, or one that does not fit the target, is refused at load naming the key
+    (none loads silently wrong: a second layer, EAGLE 3.1's per-layer norms and norm_output are not implemented)."""
+    folder = tmp_path / "h"
+    if case == "two layers":
+        _eagle3(folder, num_hidden_layers=2)
+    elif case in ("fc_norm", "norm_output"):
+        _eagle3(folder, **{case: True})
+    elif case == "norm_before_fc without its weight":
+        _eagle3(folder, norm_before_fc=True, drop="input_norm.weight")
+    elif case == "narrower target without an embedding":
+        write_eagle3(folder, 48, V, 6, KV, INTER, 48, layer_ids=[3, 4, 5], target_hidden=H)
+    elif case == "target_hidden_size of another target":
+        _eagle3(folder, target_hidden_size=64)
+    else:
+        write_eagle3(folder, 48, V, 6, KV, INTER, 48, layout="speculators", layer_ids=[3, 4, 5],
+                     embedding=torch.randn(V, 48))
+    with pytest.raises(SpeculatorLoadError) as e:
+        load_eagle3(folder, deep_target)
+    assert e.value.key == key, str(e.value)
+
+
 def _eagle3(folder, **kw):
-    kw.setdefault("layer_ids", [1, 4, 5])
+    kw.setdefault("layer_ids", [3, 4, 5])
     return write_eagle3(folder, kw.pop("hidden", H), V, HEADS, KV, INTER, 48, **kw)
 
 
@@ -451,7 +549,7 @@ def test_an_eagle3_head_that_does_not_fit_is_refused_naming_the_file_and_the_key
     elif case == "embedding of another vocabulary":
         _eagle3(folder, embedding=torch.randn(90, H))
     elif case == "layer ids beyond the target":
-        _eagle3(folder, layer_ids=[1, 4, 6])
+        _eagle3(folder, layer_ids=[3, 4, 7])
     elif case == "default layer ids on 2 layers":
         _eagle3(folder, layer_ids=None)
         against = target
@@ -500,5 +598,6 @@ def test_the_target_returns_the_union_of_the_eagle3_heads_layers(tiny_lm, tmp_pa
     assert aux_hidden_state_layers(f"{medusa},{default}", 6) == [2, 3]  # 2, 3, 3: each layer once
     assert aux_hidden_state_layers(f"{default}", 32) == [2, 16, 29]
     assert list(served_heads(f"{e1},{e3},{medusa}")) == ["eagle", "eagle3", "medusa"]
+    assert aux_hidden_state_layers(str(e3), 5) == [1, 4, 5]  # 5 of a 5-layer target: its last layer's output
     with pytest.raises(SpeculatorLoadError, match="eagle_aux_hidden_state_layer_ids"):
-        aux_hidden_state_layers(str(e3), 5)  # layer 5 of a 5-layer target
+        aux_hidden_state_layers(str(e3), 4)  # layer 5 of a 4-layer target

@@ -28,6 +28,25 @@ LAYOUTS = {
 }
 
 
+# Published variants of those layouts (their maths against their authors': tests/unit/proposers/
+# test_eagle_published.py), served end to end for greedy output. The sampled law is checked per proposer above: it
+# holds whatever a head drafts (rejection sampling), so the variants, which change only what is drafted, do not
+# repeat its 1,000 runs.
+VARIANTS = {
+    # EAGLE-1: q/k/v biases (the authors' Qwen2 heads) and HASS's enorm / hnorm; vLLM's conversion script's layout
+    "eagle1_qwen2_hass": ("eagle", lambda d, lm: write_eagle1(d, lm.get_input_embeddings().weight, 4, 2, 64,
+                                                              qkv_bias="qkv_bias", para_norm=True)),
+    "eagle1_vllm_script": ("eagle", lambda d, lm: write_eagle1(d, lm.get_input_embeddings().weight, 4, 2, 64,
+                                                               layout="vllm_script")),
+    # EAGLE-3 in the speculators library's layout, wider than the target (target_hidden_size), with
+    # norm_before_residual, norm_before_fc and layer L (2: the last layer's output)
+    "eagle3_speculators": ("eagle3", lambda d, lm: write_eagle3(
+        d, 48, 97, 6, 2, 64, 48, layout="speculators", layer_ids=[0, 1, 2], target_hidden=32,
+        embedding=torch.randn(97, 48, generator=torch.Generator().manual_seed(1)), norm_before_residual=True,
+        norm_before_fc=True)),
+}
+
+
 def _ensemble(folder, tiny_dir):
     from spec_decode.serving.draft_model import DraftBackend
     from spec_decode.serving.local_ensemble import LocalEnsemble
@@ -54,17 +73,35 @@ def _run(ens, tokenizer, method, seq, prompt, n, k, **kw):
     return gen
 
 
+def _served(name, tiny_lm, tiny_dir, tmp_path_factory):
+    method, write = {**LAYOUTS, **VARIANTS}[name]
+    folder = write(tmp_path_factory.mktemp(name) / "head", tiny_lm)
+    return method, _ensemble(folder, tiny_dir)
+
+
 @pytest.fixture(scope="module", params=list(LAYOUTS))
 def served(request, tiny_lm, tiny_dir, tmp_path_factory):
-    method, write = LAYOUTS[request.param]
-    folder = write(tmp_path_factory.mktemp(request.param) / "head", tiny_lm)
-    return method, _ensemble(folder, tiny_dir)
+    return _served(request.param, tiny_lm, tiny_dir, tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def served_variant(request, tiny_lm, tiny_dir, tmp_path_factory):
+    return _served(request.param, tiny_lm, tiny_dir, tmp_path_factory)
 
 
 PROMPT = [5, 17, 3, 9]
 
 
 def test_greedy_output_is_the_target_s_for_k_1_and_4(served, tiny_lm, real_tokenizer):
+    _greedy_is_the_target_s(served, tiny_lm, real_tokenizer)
+
+
+def test_a_published_variant_s_greedy_output_is_the_target_s(served_variant, tiny_lm, real_tokenizer):
+    _greedy_is_the_target_s(served_variant, tiny_lm, real_tokenizer)
+
+
+def _greedy_is_the_target_s(served, tiny_lm, real_tokenizer):
+    """Greedy output equals the target's own for k = 1 and 4, and every step drafts."""
     method, ens = served
     with torch.inference_mode():
         ref = tiny_lm.generate(torch.tensor([PROMPT]), max_new_tokens=24, do_sample=False, eos_token_id=None,

@@ -70,10 +70,14 @@ class Eagle3Head(nn.Module):
     :class:`~.proposer.EagleProposer` drafts with either.
 
     Args:
-        embedding: [V, H] the target's input embedding (frozen).
-        config: ``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``, ``intermediate_size``,
-            ``rms_norm_eps``, ``draft_vocab_size``; optional ``head_dim`` (default H / heads), ``rope_theta``,
-            ``rope_scaling``, ``max_position_embeddings`` (0: no bound).
+        embedding: [V, H] the input embedding (frozen): the target's, or the head's own when its width differs.
+        config: ``hidden_size`` (H, the head's width), ``num_attention_heads``, ``num_key_value_heads``,
+            ``intermediate_size``, ``rms_norm_eps``, ``draft_vocab_size``; optional ``head_dim`` (default H / heads),
+            ``rope_theta``, ``rope_scaling``, ``max_position_embeddings`` (0: no bound), ``target_hidden_size``
+            (H_t, the target's width ``fc`` reads 3 x of; default H), ``fc_bias``, ``attention_bias`` (biases of
+            q/k/v/o, speculators' ``attention_bias``), ``norm_before_residual`` (the residual is the normed ``g``,
+            vLLM ``llama_eagle3.py`` ``_norm_before_residual``) and ``norm_before_fc`` (an RMSNorm ``fc_input_norm``
+            over the concatenated auxiliary states before ``fc``, SGLang PR #32334), all default false.
         num_aux: how many target layers ``fc`` reads (3).
         aux_columns: the column blocks of the wire's hidden states holding those layers, in ``fc``'s order (block 0
             is the last hidden state; default 1..num_aux).
@@ -91,21 +95,27 @@ class Eagle3Head(nn.Module):
         if embedding.ndim != 2 or embedding.shape[1] != h:
             raise ValueError(f"embedding {tuple(embedding.shape)} is not [V, {h}]")
         self.config = dict(config)
+        self.width = h
+        self.target_width = int(config.get("target_hidden_size") or h)
         self.heads, self.kv_heads = int(config["num_attention_heads"]), int(config["num_key_value_heads"])
         self.head_dim = int(config.get("head_dim") or h // self.heads)
         if self.heads % self.kv_heads:
             raise ValueError(f"{self.heads} attention heads are not a multiple of {self.kv_heads} key/value heads")
         eps, inter, n = float(config["rms_norm_eps"]), int(config["intermediate_size"]), int(config["draft_vocab_size"])
         self.aux_columns = list(aux_columns or range(1, num_aux + 1))
+        self.norm_before_residual = bool(config.get("norm_before_residual", False))
         self._inv_freq: dict[torch.device, torch.Tensor] = {}
         self.register_buffer("embedding", embedding.detach().float().clone())
-        self.fc = nn.Linear(num_aux * h, h, bias=False)
+        self.fc_input_norm: nn.Module = (RMSNorm(num_aux * self.target_width, eps) if config.get("norm_before_fc")
+                                         else nn.Identity())
+        self.fc = nn.Linear(num_aux * self.target_width, h, bias=bool(config.get("fc_bias", False)))
         self.input_norm = RMSNorm(h, eps)
         self.hidden_norm = RMSNorm(h, eps)
-        self.q_proj = nn.Linear(2 * h, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(2 * h, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(2 * h, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, h, bias=False)
+        bias = bool(config.get("attention_bias", False))
+        self.q_proj = nn.Linear(2 * h, self.heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(2 * h, self.kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(2 * h, self.kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, h, bias=bias)
         self.post_norm = RMSNorm(h, eps)
         self.gate_proj = nn.Linear(h, inter, bias=False)
         self.up_proj = nn.Linear(h, inter, bias=False)
@@ -120,8 +130,8 @@ class Eagle3Head(nn.Module):
 
     @property
     def hidden_size(self) -> int:
-        """H, the target's hidden size."""
-        return self.embedding.shape[1]
+        """H_t, the target's hidden size (the width of each block of the wire's hidden states)."""
+        return self.target_width
 
     @property
     def max_positions(self) -> int:
@@ -135,19 +145,21 @@ class Eagle3Head(nn.Module):
         return torch.cat([hidden[..., c * h : (c + 1) * h] for c in self.aux_columns], -1)
 
     def pair_inputs(self, state: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """The layer's inputs [..., 3H]: (residual g, normed embedding, normed g) for pairs of ``state`` (the target's
-        auxiliary states [..., num_aux x H], through ``fc``; or the head's own output [..., H] when drafting) and
-        ``tokens`` [...] int64 target ids."""
+        """The layer's inputs [..., 3H]: (residual, normed embedding, normed g) for pairs of ``state`` (the target's
+        auxiliary states [..., num_aux x H_t], through ``fc``; or the head's own output [..., H] when drafting) and
+        ``tokens`` [...] int64 target ids. The residual is g, or its norm with ``norm_before_residual``."""
         g = state.to(self.embedding.dtype)
-        if g.shape[-1] != self.hidden_size:
-            g = self.fc(g)
-        return torch.cat([g, self.input_norm(self.embedding[tokens]), self.hidden_norm(g)], -1)
+        if g.shape[-1] != self.width:
+            g = self.fc(self.fc_input_norm(g))
+        normed = self.hidden_norm(g)
+        return torch.cat([normed if self.norm_before_residual else g, self.input_norm(self.embedding[tokens]),
+                          normed], -1)
 
     def project(self, z: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Rotated queries [B, heads, T, D], keys and values [B, kv_heads, T, D] of inputs z [B, T, 3H] (from their
         [2H] attention part) at ``positions`` [B, T]."""
         b, t, _ = z.shape
-        x = z[..., self.hidden_size :]
+        x = z[..., self.width :]
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -164,7 +176,7 @@ class Eagle3Head(nn.Module):
     def finish(self, z: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
         """The layer's output a' [..., H] before the final norm (what drafting feeds back) from inputs z [..., 3H]
         and their attention [..., heads x D]."""
-        h = z[..., : self.hidden_size] + self.o_proj(att)
+        h = z[..., : self.width] + self.o_proj(att)
         x = self.post_norm(h)
         return h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
@@ -212,7 +224,7 @@ class Eagle3Head(nn.Module):
             state["embed_tokens.weight"] = self.embedding.to(dtype).contiguous()
         save_file(state, str(folder / WEIGHTS_FILE))
         c = self.config
-        cfg = {"architectures": [ARCHITECTURE], "model_type": "llama", "hidden_size": self.hidden_size,
+        cfg = {"architectures": [ARCHITECTURE], "model_type": "llama", "hidden_size": self.width,
                "intermediate_size": self.gate_proj.out_features, "num_attention_heads": self.heads,
                "num_key_value_heads": self.kv_heads, "head_dim": self.head_dim, "num_hidden_layers": 1,
                "rms_norm_eps": float(c["rms_norm_eps"]), "rope_theta": float(c.get("rope_theta", 10000.0)),
@@ -224,9 +236,29 @@ class Eagle3Head(nn.Module):
         (folder / "config.json").write_text(json.dumps(cfg, indent=2))
 
 
+_REFUSED_FLAGS = {  # config flags of variants whose computation this head does not implement -> why
+    "fc_norm": "per-layer RMSNorms of each auxiliary state before fc (EAGLE 3.1) are not implemented here",
+    "norm_output": "feeding the final-normed output back while drafting is not implemented here",
+}
+
+
+def _speculators_layout(cfg: dict) -> bool:
+    """Whether the config is the ``speculators`` library's (``Eagle3Speculator`` / ``Eagle3DraftModel``, sizes under
+    ``transformer_layer_config``)."""
+    return cfg.get("speculators_model_type") == "eagle3" or isinstance(cfg.get("transformer_layer_config"), dict)
+
+
 def load_eagle3(folder: Path, target: TargetInfo, aux_layers: list[int] | None = None) -> tuple[Eagle3Head, DraftVocab]:
     """An EAGLE-3 folder (module docstring) as a float32 :class:`Eagle3Head` on the CPU, and its draft vocabulary,
     checked against the target.
+
+    Two layouts: the EAGLE authors' (``midlayer.*``, sizes at the config's top) and the ``speculators`` library's
+    (vLLM's ``speculators`` project, e.g. RedHatAI's heads: ``Eagle3Speculator`` / ``Eagle3DraftModel``, sizes under
+    ``transformer_layer_config``, weights ``layers.0.*``, ``fc.bias``). Variants: ``target_hidden_size`` (the head
+    narrower or wider than the target: ``fc`` over 3 x the target's width, its own ``embed_tokens.weight``),
+    ``norm_before_residual``, ``norm_before_fc`` (``input_norm.weight`` over the concatenated states),
+    ``attention_bias``, ``fc.bias``; ids of layer L (the last layer's output) and the output-of-layer convention
+    (:func:`~spec_decode.proposers.speculators.eagle3_layer_ids`).
 
     Args:
         folder: the head's folder.
@@ -235,27 +267,44 @@ def load_eagle3(folder: Path, target: TargetInfo, aux_layers: list[int] | None =
             aux_hidden_state_layers`); default: this head's own.
 
     Raises:
-        SpeculatorLoadError: naming the file and the key that does not fit: ``hidden_size``, ``vocab_size``,
-            ``draft_vocab_size``, a missing or misshapen weight, ``d2t`` ids outside the target's vocabulary,
-            ``eagle_aux_hidden_state_layer_ids``, an unsupported ``rope_scaling``.
+        SpeculatorLoadError: naming the file and the key that does not fit: ``hidden_size`` / ``target_hidden_size``,
+            ``vocab_size``, ``draft_vocab_size``, ``num_hidden_layers`` (one layer), a missing or misshapen weight,
+            ``d2t`` ids outside the target's vocabulary, ``eagle_aux_hidden_state_layer_ids``, an unsupported
+            ``rope_scaling``, ``fc_norm`` or ``norm_output`` (variants not implemented).
     """
     folder = Path(folder)
     cfg_file = folder / "config.json"
-    cfg = read_config(folder)
-    h, v = target.hidden_size, target.vocab_size
-    expect(cfg, "hidden_size", h, cfg_file, "the target's hidden size")
+    top = read_config(folder)
+    speculators = _speculators_layout(top)
+    cfg = top["transformer_layer_config"] if speculators and isinstance(top.get("transformer_layer_config"),
+                                                                        dict) else top
+    ht, v = target.hidden_size, target.vocab_size
+    expect(top, "target_hidden_size", ht, cfg_file, "the target's hidden size")
+    h = config_int(cfg, "hidden_size", cfg_file, default=ht)
+    if top.get("target_hidden_size") is None:  # the head is the target's width
+        expect(cfg, "hidden_size", ht, cfg_file, "the target's hidden size (no target_hidden_size given)")
     expect(cfg, "vocab_size", v, cfg_file, "the target's vocabulary")
-    n = config_int(cfg, "draft_vocab_size", cfg_file, default=v)
+    if config_int(cfg, "num_hidden_layers", cfg_file, default=1) != 1:
+        raise SpeculatorLoadError(cfg_file, "num_hidden_layers", f"{cfg['num_hidden_layers']}: EAGLE-3 heads of more "
+                                  f"than one decoder layer are not served here (their later layers would be dropped)")
+    for flag, why in _REFUSED_FLAGS.items():
+        if top.get(flag):
+            raise SpeculatorLoadError(cfg_file, flag, f"true: {why}")
+    n = config_int(top, "draft_vocab_size", cfg_file, default=v)
     heads = config_int(cfg, "num_attention_heads", cfg_file)
     kv = config_int(cfg, "num_key_value_heads", cfg_file, default=heads)
     d = config_int(cfg, "head_dim", cfg_file, default=h // heads)
     inter = config_int(cfg, "intermediate_size", cfg_file)
-    ids = eagle3_layer_ids(cfg, target.num_layers, cfg_file)
+    ids = eagle3_layer_ids(top, target.num_layers, cfg_file)
     wire = aux_layers if aux_layers is not None else sorted(set(ids))
     file = find_weights(folder)
     state = load_weights(file)
+    if speculators:  # the same tensors under the speculators library's names
+        state = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): t for k, t in state.items()}
+    bias = bool(cfg.get("attention_bias", False)) or "midlayer.self_attn.q_proj.bias" in state
+    norm_before_fc = bool(top.get("norm_before_fc", False))
     why = f"hidden size {h}, {heads} heads of {d}, {kv} key/value heads, MLP {inter}, {len(ids)} target layers"
-    shapes = {"fc.weight": (h, len(ids) * h), "midlayer.input_layernorm.weight": (h,),
+    shapes = {"fc.weight": (h, len(ids) * ht), "midlayer.input_layernorm.weight": (h,),
               "midlayer.hidden_norm.weight": (h,), "midlayer.post_attention_layernorm.weight": (h,),
               "midlayer.self_attn.q_proj.weight": (heads * d, 2 * h),
               "midlayer.self_attn.k_proj.weight": (kv * d, 2 * h), "midlayer.self_attn.v_proj.weight": (kv * d, 2 * h),
@@ -263,6 +312,15 @@ def load_eagle3(folder: Path, target: TargetInfo, aux_layers: list[int] | None =
               "midlayer.mlp.up_proj.weight": (inter, h), "midlayer.mlp.down_proj.weight": (h, inter),
               "norm.weight": (h,), "lm_head.weight": (n, h)}
     weights = {mine: take(state, pub, shapes[pub], file, why) for pub, mine in _NAMES.items()}
+    if "fc.bias" in state:
+        weights["fc.bias"] = take(state, "fc.bias", (h,), file, why)
+    if bias:
+        for p, rows in (("q", heads * d), ("k", kv * d), ("v", kv * d), ("o", h)):
+            weights[f"{p}_proj.bias"] = take(state, f"midlayer.self_attn.{p}_proj.bias", (rows,), file,
+                                             "attention_bias true")
+    if norm_before_fc:
+        weights["fc_input_norm.weight"] = take(state, "input_norm.weight", (len(ids) * ht,), file,
+                                               "norm_before_fc true: an RMSNorm over the concatenated target states")
     if "d2t" in state:
         d2t = state["d2t"].to(torch.int64).reshape(-1)
         if d2t.numel() != n:
@@ -275,15 +333,20 @@ def load_eagle3(folder: Path, target: TargetInfo, aux_layers: list[int] | None =
     if token_ids.min() < 0 or token_ids.max() >= v or torch.unique(token_ids).numel() != n:
         raise SpeculatorLoadError(file, "d2t", f"maps the draft vocabulary outside the target's [0, {v}) or onto "
                                                f"one token twice")
-    if "embed_tokens.weight" in state:
-        embedding = take(state, "embed_tokens.weight", (v, h), file, f"the target's vocabulary {v} x hidden {h}")
+    if "embed_tokens.weight" in state or h != ht:
+        embedding = take(state, "embed_tokens.weight", (v, h), file,
+                         f"vocabulary {v} x the head's hidden size {h}" + (" (the target's embedding is narrower or "
+                                                                            "wider: the head needs its own)" if h != ht
+                                                                           else ""))
     else:
         embedding = target.embeddings()
     config = {"hidden_size": h, "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": d,
               "intermediate_size": inter, "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-5)),
               "draft_vocab_size": n, "rope_theta": float(cfg.get("rope_theta", 10000.0) or 10000.0),
               "rope_scaling": cfg.get("rope_scaling") or cfg.get("rope_parameters"),
-              "max_position_embeddings": target.max_position_embeddings}
+              "max_position_embeddings": target.max_position_embeddings, "target_hidden_size": ht,
+              "fc_bias": "fc.bias" in weights, "attention_bias": bias, "norm_before_fc": norm_before_fc,
+              "norm_before_residual": bool(top.get("norm_before_residual", cfg.get("norm_before_residual", False)))}
     try:
         rope_inv_freq(config, d)
     except (ValueError, KeyError, TypeError) as e:

@@ -124,17 +124,25 @@ def eagle3_layer_ids(cfg: dict[str, Any], num_layers: int, file: Path | str = CO
     eagle_aux_hidden_state_layer_ids`` (or the same key at the top of its config) when given, else layers 2, L // 2
     and L - 3 as the EAGLE authors and vLLM use (``aux_hidden_state_layers``).
 
+    Ids are in the input-of-layer convention (vLLM's: id i is the residual stream entering layer i; L is the last
+    layer's output, before the final norm). Explicit ids come in two conventions (SGLang PR #25454): trainers that
+    name the output of layer X (SpecForge) start at 1, the output of the first layer, which is never the embedding;
+    those are read as X + 1, as SGLang reads them. A head trained here (``spec_decode.trained_by`` in its config)
+    names input-of-layer ids whatever its first id.
+
     Raises:
-        SpeculatorLoadError: ids that are not integers in [0, L) (a target too shallow for the default ones).
+        SpeculatorLoadError: ids that are not integers in [0, L] (a target too shallow for the default ones).
     """
     nested: dict[str, Any] = cfg["eagle_config"] if isinstance(cfg.get("eagle_config"), dict) else {}
     ids = nested.get("eagle_aux_hidden_state_layer_ids", cfg.get("eagle_aux_hidden_state_layer_ids"))
     if ids is None:
         ids = [2, num_layers // 2, num_layers - 3]
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and 0 <= i < num_layers for i in ids):
+    elif isinstance(ids, list) and ids and ids[0] == 1 and "trained_by" not in (cfg.get("spec_decode") or {}):
+        ids = [i + 1 if isinstance(i, int) else i for i in ids]  # the output-of-layer convention
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and 0 <= i <= num_layers for i in ids):
         raise SpeculatorLoadError(file, "eagle_aux_hidden_state_layer_ids",
-                                  f"must be layer ids in [0, {num_layers}) (the target has {num_layers} layers), got "
-                                  f"{ids!r}")
+                                  f"must be layer ids in [0, {num_layers}] (the target has {num_layers} layers; "
+                                  f"{num_layers}: the last layer's output), got {ids!r}")
     return list(ids)
 
 
