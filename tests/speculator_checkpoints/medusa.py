@@ -5,6 +5,12 @@
   and ``medusa_lm_head.safetensors`` (the trainer's ``save_file``) or ``medusa_lm_head.pt`` (``torch.save`` of the
   heads' ``state_dict``), named ``{i}.{j}.linear.weight`` / ``{i}.{j}.linear.bias`` / ``{i}.{L}.weight``. Its heads
   repeat one ``ResBlock`` L times, so the L blocks of a head are written equal, as its ``state_dict`` holds them.
+* ``layout="medusa_v2"``: the authors' later training (``medusa/train/train_legacy.py``; TGI's ``MedusaHeadV2``):
+  FasterDecoding's config with ``"version": "2"`` and ``medusa_lm_head.pt`` holding the residual blocks only
+  (``{i}.{j}.linear.*``), projected by the base model's LM head.
+* ``layout="medusa2_full"``: a Medusa-2 full model (``FasterDecoding/medusa-1.0-*``): the base model's config with
+  ``medusa_num_heads`` / ``medusa_num_layers``, and the base model's weights and ``medusa_head.{i}...`` sharded in
+  ``model-0000k-of-00002.safetensors`` under ``model.safetensors.index.json``.
 * ``layout="vllm"``: vLLM's conversion (``vllm/transformers_utils/configs/medusa.py``,
   ``vllm/model_executor/models/medusa.py``): ``config.json`` of ``MedusaConfig`` (``architectures: [MedusaModel]``,
   ``model_type: medusa``, ``num_heads``, ``num_hidden_layers``, ...) and ``model.safetensors`` or
@@ -71,11 +77,16 @@ def write_medusa(folder: Path | str, hidden_size: int, vocab_size: int, num_head
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    if layout == "medusa":
+    if layout == "medusa2_full":
+        return _write_full_model(folder, hidden_size, vocab_size, num_heads, num_layers, seed)
+    if layout in ("medusa", "medusa_v2"):
         cfg: dict = {"base_model_name_or_path": BASE_MODEL, "medusa_num_heads": num_heads,
                      "medusa_num_layers": num_layers, "transformers_version": "4.41.2"}
-        state = medusa_state(hidden_size, vocab_size, num_heads, num_layers, layout, seed)
+        state = medusa_state(hidden_size, vocab_size, num_heads, num_layers, "medusa", seed)
         name = "medusa_lm_head.safetensors" if fmt == "safetensors" else "medusa_lm_head.pt"
+        if layout == "medusa_v2":  # blocks only, projected by the base model's LM head
+            cfg["version"] = "2"
+            state = {k: t for k, t in state.items() if ".linear." in k}
     elif layout == "vllm":
         cfg = {"architectures": ["MedusaModel"], "hidden_size": hidden_size, "max_paths": 64, "max_seq_len": 2**20,
                "medusa_fc_bias": True, "model_type": "medusa", "num_heads": num_heads,
@@ -109,4 +120,27 @@ def write_medusa(folder: Path | str, hidden_size: int, vocab_size: int, num_head
         torch.save(state, folder / name)
     else:
         raise ValueError(f"fmt {fmt!r}: safetensors or pt")
+    return folder
+
+
+def _write_full_model(folder: Path, hidden_size: int, vocab_size: int, num_heads: int, num_layers: int,
+                      seed: int) -> Path:
+    """A Medusa-2 full model (module docstring): base weights in the first shard, the heads in the second."""
+    from safetensors.torch import save_file
+
+    heads = {f"medusa_head.{k}": t for k, t in medusa_state(hidden_size, vocab_size, num_heads, num_layers, "medusa",
+                                                             seed).items()}
+    g = torch.Generator().manual_seed(seed + 7)
+    base = {"model.embed_tokens.weight": torch.randn(vocab_size, hidden_size, generator=g),
+            "model.norm.weight": torch.ones(hidden_size), "lm_head.weight": torch.randn(vocab_size, hidden_size,
+                                                                                         generator=g)}
+    shards = {"model-00001-of-00002.safetensors": base, "model-00002-of-00002.safetensors": heads}
+    for name, part in shards.items():
+        save_file(part, str(folder / name), metadata={"format": "pt"})
+    index = {"metadata": {"total_size": 0}, "weight_map": {k: name for name, part in shards.items() for k in part}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    cfg = {"architectures": ["MedusaModelLlama"], "model_type": "llama", "hidden_size": hidden_size,
+           "vocab_size": vocab_size, "num_hidden_layers": 2, "medusa_num_heads": num_heads,
+           "medusa_num_layers": num_layers, "transformers_version": "4.36.2"}
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     return folder

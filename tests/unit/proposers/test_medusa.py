@@ -96,6 +96,42 @@ def test_vllm_variants_shared_lm_head_no_bias_and_truncated_vocabulary(tmp_path,
     assert torch.isfinite(got).sum(-1).eq(40).all()
 
 
+def test_published_faster_decoding_variants(tmp_path, target, tiny_lm):
+    """FasterDecoding's variants, each against the published maths: a config that says fewer heads than the file
+    holds (medusa-vicuna-7b-v1.3: 2 said, 5 held; the authors' code forces 5) serves the file's; version 2
+    (train_legacy.py, TGI's MedusaHeadV2) projects its blocks with the target's LM head; a Medusa-2 full model
+    (medusa-1.0-*, sharded) serves the medusa_head weights out of its shards."""
+    x = _states(4, seed=2)
+    lm = tiny_lm.get_output_embeddings().weight.detach().float()
+    folder = write_medusa(tmp_path / "vicuna", H, V, num_heads=5, fmt="pt", config={"medusa_num_heads": 2})
+    state = load_weights(folder / "medusa_lm_head.pt")
+    head = load_medusa(folder, target)
+    assert head.num_heads == 5
+    torch.testing.assert_close(head(x), _reference(state, x, 5, 1, "medusa"))
+    folder = write_medusa(tmp_path / "v2", H, V, num_heads=3, layout="medusa_v2", fmt="pt")
+    state = load_weights(folder / "medusa_lm_head.pt")
+    assert not any(k.endswith(".1.weight") for k in state)
+    want = torch.stack([(x + F.silu(x @ state[f"{i}.0.linear.weight"].T + state[f"{i}.0.linear.bias"])) @ lm.T
+                        for i in range(3)])
+    torch.testing.assert_close(load_medusa(folder, target)(x), want)
+    folder = write_medusa(tmp_path / "full", H, V, num_heads=4, num_layers=1, layout="medusa2_full")
+    assert detect(folder) == "medusa"
+    state = {k.removeprefix("medusa_head."): t for k, t in
+             load_weights(folder / "model-00002-of-00002.safetensors").items()}
+    torch.testing.assert_close(load_medusa(folder, target)(x), _reference(state, x, 4, 1, "medusa"))
+
+
+def test_a_full_model_without_medusa_heads_is_refused_naming_why(tmp_path, target):
+    import json
+
+    folder = write_medusa(tmp_path / "full", H, V, num_heads=2, layout="medusa2_full")
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {k: f for k, f in index["weight_map"].items() if not k.startswith("medusa_head.")}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    err = _load_error(folder, target)
+    assert err.key == "medusa_head." and "no Medusa head weight" in err.detail
+
+
 def test_drafts_head_i_at_slot_i_with_k_capped_at_the_heads(target, tmp_path):
     head = load_medusa(write_medusa(tmp_path / "m", H, V, num_heads=3), target)
     p = _proposer(head)

@@ -12,6 +12,10 @@ Two layouts are published (:func:`load_medusa` tells them apart from ``config.js
   the ``state_dict`` of an ``nn.ModuleList`` of ``nn.Sequential(ResBlock x L, Linear(H, V, bias=False))``: names
   ``{i}.{j}.linear.weight`` / ``{i}.{j}.linear.bias`` and ``{i}.{L}.weight``. (Its heads repeat one ResBlock L times,
   so its files hold L copies of the same block; each copy is read as its own block, which is the same maths.)
+  Its variants (:func:`_load_faster_decoding`): a file with more heads than ``medusa_num_heads`` says serves them all
+  (``FasterDecoding/medusa-vicuna-7b-v1.3``); ``version: "2"`` (``medusa/train/train_legacy.py``, TGI's
+  ``MedusaHeadV2``) holds the blocks only, projected by the target's LM head; a Medusa-2 full model
+  (``FasterDecoding/medusa-1.0-*``) serves the ``medusa_head.*`` weights out of its shards.
 * vLLM's conversion (``vllm/model_executor/models/medusa.py``, ``vllm/transformers_utils/configs/medusa.py``):
   ``config.json`` with ``architectures: [MedusaModel]`` / ``model_type: medusa``, ``num_heads``,
   ``num_hidden_layers``, ``hidden_size``, ``vocab_size``, optional ``truncated_vocab_size`` (with a ``token_map``
@@ -21,6 +25,7 @@ Two layouts are published (:func:`load_medusa` tells them apart from ``config.js
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Any, cast
@@ -43,6 +48,8 @@ from .checkpoint import (
     take,
 )
 from .target import TargetInfo
+
+logger = logging.getLogger(__name__)
 
 FASTER_DECODING_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")  # FasterDecoding's weights file names
 VLLM_FILES = ("model.safetensors", "pytorch_model.bin")  # vLLM's converted checkpoints
@@ -149,22 +156,90 @@ def _token_map(state: dict[str, torch.Tensor], size: int, vocab: int, file: Path
     return raw.long()
 
 
+def _sharded_heads(folder: Path) -> tuple[Path, dict[str, torch.Tensor]] | None:
+    """A Medusa-2 full model's heads (FasterDecoding/medusa-1.0-*: the base model and ``medusa_head.*`` in sharded
+    ``model-*.safetensors`` / ``pytorch_model-*.bin`` files under an index): only the ``medusa_head.*`` tensors, read
+    from the shards the index names for them; None when the folder has no index.
+
+    Raises:
+        SpeculatorLoadError: an index that names no ``medusa_head.`` weight, or is unreadable.
+    """
+    import json
+
+    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        index = folder / index_name
+        if not index.is_file():
+            continue
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SpeculatorLoadError(index, "weight_map", f"unreadable ({e})") from None
+        shards = sorted({f for k, f in weight_map.items() if k.startswith("medusa_head.")})
+        if not shards:
+            raise SpeculatorLoadError(index, "medusa_head.", "no Medusa head weight in this model's index (a full "
+                                                             "model without Medusa heads)")
+        state: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            path = folder / shard
+            if path.suffix == ".safetensors":
+                from safetensors import safe_open
+
+                with safe_open(str(path), framework="pt") as f:
+                    state.update({k: f.get_tensor(k) for k in f.keys() if k.startswith("medusa_head.")})
+            else:
+                part = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                state.update({k: t for k, t in part.items() if k.startswith("medusa_head.")})
+        return index, state
+    return None
+
+
+def _heads_in_file(state: dict[str, torch.Tensor]) -> int:
+    """How many heads FasterDecoding's names hold (``{i}.0.linear.weight``, ``{i}.{L}.weight``): 1 + the largest i."""
+    ids = [int(k.split(".", 1)[0]) for k in state if k.split(".", 1)[0].isdigit()]
+    return 1 + max(ids) if ids else 0
+
+
 def _load_faster_decoding(folder: Path, cfg: dict[str, Any], target: TargetInfo) -> MedusaHead:
-    """FasterDecoding's layout (see the module docstring), checked against ``target``."""
+    """FasterDecoding's layout (see the module docstring), checked against ``target``.
+
+    Its variants: a file holding more heads than ``medusa_num_heads`` says serves them all (``FasterDecoding/
+    medusa-vicuna-7b-v1.3``'s config says 2 and its file holds 5: the authors' ``MedusaModel.from_pretrained``
+    forces 5, "TODO: fix the uploaded config"); ``version: "2"`` heads (``medusa/train/train_legacy.py``, TGI's
+    ``MedusaHeadV2``) hold the residual blocks only and are projected by the target's own LM head; a Medusa-2 full
+    model (sharded, with an index) serves the ``medusa_head.*`` weights out of it."""
     cfg_file = folder / CONFIG_FILE
     n = config_int(cfg, "medusa_num_heads", cfg_file)
     layers = config_int(cfg, "medusa_num_layers", cfg_file, default=1, low=0)
     h, v = target.hidden_size, target.vocab_size
-    file = find_weights(folder, FASTER_DECODING_FILES)
-    state = _strip(load_weights(file), "medusa_head.")
-    head = MedusaHead(h, v, n, layers, bias=True)
+    sharded = None if any((folder / f).is_file() for f in FASTER_DECODING_FILES) else _sharded_heads(folder)
+    if sharded is not None:
+        file, state = sharded[0], _strip(sharded[1], "medusa_head.")
+    else:
+        file = find_weights(folder, FASTER_DECODING_FILES)
+        state = _strip(load_weights(file), "medusa_head.")
+    found = _heads_in_file(state)
+    if found > n:
+        logger.warning("%s: medusa_num_heads is %d but the file holds %d heads: serving %d (as the Medusa authors "
+                       "do for heads whose uploaded config is wrong)", cfg_file, n, found, found)
+        n = found
+    # version 2 (TGI reads the config's "version"), or a file of blocks without any projection
+    v2 = str(cfg.get("version", "")) == "2" or (layers > 0 and not any(f"{i}.{layers}.weight" in state
+                                                                        for i in range(n)))
+    head = MedusaHead(h, v, n, layers, bias=True, shared_lm_head=v2)
     hidden_why, vocab_why = f"the target's hidden size {h}", f"the target's vocabulary {v} x hidden size {h}"
     for i in range(n):
         for j in range(layers):
             _set(head.blocks[i][j],  # type: ignore[index]
                  take(state, f"{i}.{j}.linear.weight", (h, h), file, hidden_why),
                  take(state, f"{i}.{j}.linear.bias", (h,), file, hidden_why))
-        _set(head.lm_heads[i], take(state, f"{i}.{layers}.weight", (v, h), file, vocab_why))
+        if not v2:
+            _set(head.lm_heads[i], take(state, f"{i}.{layers}.weight", (v, h), file, vocab_why))
+    if v2:  # residual blocks projected by the base model's LM head
+        lm = target.lm_head()
+        if tuple(lm.shape) != (v, h):
+            raise SpeculatorLoadError(target.path or "target", "lm_head.weight",
+                                      f"shape {list(lm.shape)}, expected [{v}x{h}] (the target's sizes)")
+        _set(head.lm_heads[0], lm)
     expect(cfg, "hidden_size", h, cfg_file, "the target's hidden size")
     expect(cfg, "vocab_size", v, cfg_file, "the target's vocabulary size")
     return head
