@@ -418,8 +418,9 @@ def same_drafts(ctx: Context, paths: dict, dtype: str, sequences: int = 3, state
             proposer = cls.from_config(settings, {})
             assert proposer is not None, f"{key}: {paths[key]} serves no {cls.name} head"
             g.manual_seed(11)  # the same requests for both
+            width = s["hidden_size"] * (4 if method == "eagle3" else 1)  # EAGLE-3: the last state and 3 layers'
             requests = [ProposalRequest(j + 1, torch.randint(3, s["vocab_size"], (24,), generator=g).tolist(),
-                                        K_DECODE, params, 1, torch.randn(states, s["hidden_size"], generator=g))
+                                        K_DECODE, params, 1, torch.randn(states, width, generator=g))
                         for j in range(sequences)]
             proposals.append(proposer.propose(requests))
             del proposer

@@ -31,6 +31,13 @@ key                    layout
                        ``original_lm_head``: the target's LM head shared)
 ``arctic:mlp``         the ``mlp_speculator`` head as Arctic's ``ArcticMLPSpeculatorPreTrainedModel``
                        (``pytorch_model.bin`` with bare names, every tied name)
+``eagle:vllm_script``  the ``eagle`` head as vLLM's conversion script writes it (``{"model_type": "eagle",
+                       "model": <the authors' config with eagle_fc_bias>}``, model.safetensors, the authors' names
+                       and ``lm_head.weight``)
+``eagle3:speculators`` the ``eagle3`` head in the ``speculators`` library's layout (``Eagle3Speculator``,
+                       ``transformer_layer_config``, ``layers.0.*``, a zero ``fc.bias``, the target's embedding)
+``medusa:v2``          the ``medusa`` head as Medusa's ``version: "2"`` (``train_legacy.py``): its blocks only,
+                       projected by the target's LM head (which is what ``medusa``'s projections hold)
 ====================== ======================================================================================
 """
 
@@ -47,6 +54,9 @@ ALTERNATIVES = {  # another layout of a served head -> (the method that serves i
     "eagle:vllm": ("eagle", "eagle"),
     "medusa:vllm": ("medusa", "medusa"),
     "arctic:mlp": ("arctic", "mlp_speculator"),
+    "eagle:vllm_script": ("eagle", "eagle"),
+    "eagle3:speculators": ("eagle3", "eagle3"),
+    "medusa:v2": ("medusa", "medusa"),
 }
 N_PREDICT = 3  # Medusa's heads and the MLP / Arctic speculators' n_predict: below K_DECODE, so k is capped
 DTYPE = torch.bfloat16  # as the target is saved
@@ -109,8 +119,8 @@ def _layer(gen: torch.Generator, llama: dict[str, int], width: int, prefix: str)
 
 def write_eagle1(folder: Path, llama: dict[str, int], embedding: torch.Tensor, lm_head: torch.Tensor,
                  layout: str = "authors", seed: int = 1) -> Path:
-    """A random EAGLE-1/2 head: ``authors`` (SafeAILab/EAGLE) or ``vllm`` (vLLM's conversion); the same ``seed``
-    gives the same head in both."""
+    """A random EAGLE-1/2 head: ``authors`` (SafeAILab/EAGLE), ``vllm`` (vLLM's conversion) or ``vllm_script`` (vLLM's
+    conversion script); the same ``seed`` gives the same head in each."""
     gen = torch.Generator().manual_seed(seed)
     h = llama["hidden_size"]
     prefix = "model." if layout == "vllm" else ""
@@ -122,16 +132,22 @@ def write_eagle1(folder: Path, llama: dict[str, int], embedding: torch.Tensor, l
         state["lm_head.weight"] = lm_head
         cfg = {"architectures": ["EAGLEModel"], "model_type": "eagle", "model": _llama_config(llama),
                "num_lookahead_tokens": 5, "eagle_fc_bias": True, "truncated_vocab_size": llama["vocab_size"]}
+    elif layout == "vllm_script":
+        state["lm_head.weight"] = lm_head
+        cfg = {"model_type": "eagle", "model": {**_llama_config(llama), "eagle_fc_bias": True}}
+        return _write(Path(folder), cfg, state, "model.safetensors")
     else:
         assert layout == "authors", layout
         cfg = _llama_config(llama)
     return _write(Path(folder), cfg, state, "pytorch_model.bin")
 
 
-def write_eagle3(folder: Path, llama: dict[str, int], lm_head: torch.Tensor, seed: int = 2) -> Path:
+def write_eagle3(folder: Path, llama: dict[str, int], lm_head: torch.Tensor, seed: int = 2,
+                 embedding: torch.Tensor | None = None) -> Path:
     """A random EAGLE-3 head (``LlamaForCausalLMEagle3``) over a draft vocabulary of every other target token, its
     LM head the target's rows of those tokens; the target's embedding shared; the auxiliary layers the default ones
-    (2, L // 2, L - 3)."""
+    (2, L // 2, L - 3). With ``embedding`` (the target's), the same head in the ``speculators`` library's layout
+    (``Eagle3Speculator``: ``transformer_layer_config``, ``layers.0.*``, a zero ``fc.bias``, its embedding saved)."""
     gen = torch.Generator().manual_seed(seed)
     h, v = llama["hidden_size"], llama["vocab_size"]
     ids = torch.arange(0, v, 2)
@@ -145,6 +161,13 @@ def write_eagle3(folder: Path, llama: dict[str, int], lm_head: torch.Tensor, see
     t2d = torch.zeros(v, dtype=torch.bool)
     t2d[ids] = True
     state["t2d"] = t2d
+    if embedding is not None:
+        state = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): t for k, t in state.items()}
+        state["fc.bias"], state["embed_tokens.weight"] = torch.zeros(h), embedding
+        cfg = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+               "model_type": "speculators", "draft_vocab_size": len(ids), "norm_before_residual": False,
+               "target_hidden_size": None, "transformer_layer_config": _llama_config(llama)}
+        return _write(Path(folder), cfg, state, "model.safetensors")
     cfg = _llama_config(llama, draft_vocab_size=len(ids), bias=False)
     cfg["architectures"] = ["LlamaForCausalLMEagle3"]
     return _write(Path(folder), cfg, state, "pytorch_model.bin")
@@ -153,23 +176,27 @@ def write_eagle3(folder: Path, llama: dict[str, int], lm_head: torch.Tensor, see
 def write_medusa(folder: Path, llama: dict[str, int], lm_head: torch.Tensor, layout: str = "medusa",
                  seed: int = 3) -> Path:
     """A Medusa head of :data:`N_PREDICT` heads of one residual block each, random blocks, every head's projection
-    the target's LM head: ``medusa`` (FasterDecoding's layout) or ``vllm`` (vLLM's, ``original_lm_head``: the
-    projection is not in the file); the same ``seed`` gives the same head in both."""
+    the target's LM head: ``medusa`` (FasterDecoding's layout), ``v2`` (its ``version: "2"``: blocks only, projected
+    by the target's LM head) or ``vllm`` (vLLM's, ``original_lm_head``: the projection is not in the file); the same
+    ``seed`` gives the same head in each."""
     gen = torch.Generator().manual_seed(seed)
     h, n = llama["hidden_size"], N_PREDICT
     state: dict[str, torch.Tensor] = {}
     for i in range(n):
         w, b = torch.randn(h, h, generator=gen) * _STD, torch.randn(h, generator=gen) * _STD
-        if layout == "medusa":
+        if layout in ("medusa", "v2"):
             # each head its own copy: FasterDecoding's heads are separate modules, saved name by name
             state[f"{i}.0.linear.weight"], state[f"{i}.0.linear.bias"] = w, b
-            state[f"{i}.1.weight"] = lm_head.clone()
+            if layout == "medusa":
+                state[f"{i}.1.weight"] = lm_head.clone()
         else:
             state[f"blocks.{i}.layers.0.weight"], state[f"blocks.{i}.layers.0.bias"] = w, b
-    if layout == "medusa":
+    if layout in ("medusa", "v2"):
         cfg: dict[str, Any] = {"base_model_name_or_path": "gpu-check-random-llama", "medusa_num_heads": n,
-                               "medusa_num_layers": 1, "transformers_version": "4.41.2"}
-        return _write(Path(folder), cfg, state, "medusa_lm_head.safetensors")
+                               "medusa_num_layers": 1, "transformers_version": "4.41.2",
+                               **({"version": "2"} if layout == "v2" else {})}
+        return _write(Path(folder), cfg, state, "medusa_lm_head.pt" if layout == "v2" else
+                      "medusa_lm_head.safetensors")
     assert layout == "vllm", layout
     cfg = {"architectures": ["MedusaModel"], "hidden_size": h, "max_paths": 64, "max_seq_len": 2**20,
            "medusa_fc_bias": True, "model_type": "medusa", "num_heads": n, "num_hidden_layers": 1,
@@ -266,4 +293,8 @@ def write_speculators(folder: Path, llama: dict[str, int], embedding: torch.Tens
         "eagle:vllm": write_eagle1(folder / "eagle1_vllm", llama, embedding, lm_head, layout="vllm"),
         "medusa:vllm": write_medusa(folder / "medusa_vllm", llama, lm_head, layout="vllm"),
         "arctic:mlp": write_mlp_speculator(folder / "arctic_mlp", llama, inner, layout="arctic"),
+        "eagle:vllm_script": write_eagle1(folder / "eagle1_vllm_script", llama, embedding, lm_head,
+                                          layout="vllm_script"),
+        "eagle3:speculators": write_eagle3(folder / "eagle3_speculators", llama, lm_head, embedding=embedding),
+        "medusa:v2": write_medusa(folder / "medusa_v2", llama, lm_head, layout="v2"),
     }
