@@ -87,9 +87,12 @@ def served_methods(repo: Path) -> str:
 
 
 def served_speculators(repo: Path) -> str:
-    """The banner's lines on the speculator heads repository ``repo`` serves: ``  <method>  <folder>`` each (from
-    draft_model's ``speculator_path``), or one line saying why they cannot be listed; "" when none."""
+    """The banner's lines on the speculator heads repository ``repo`` serves: ``  <method>  <folder>  (<variant>)``
+    each (from draft_model's ``speculator_path``; the variant as
+    :func:`~spec_decode.proposers.speculators.layouts.describe_variant` names it), or one line saying why they cannot
+    be listed; "" when none."""
     from ..proposers.speculators import SpeculatorLoadError, SpeculatorSettings, served_heads
+    from ..proposers.speculators.layouts import describe_variant
     from ..serving.adapter import sibling_parameters
 
     draft = sibling_parameters({"model_repository": str(repo / "generate")}, "draft_model")
@@ -97,7 +100,7 @@ def served_speculators(repo: Path) -> str:
         heads = served_heads(SpeculatorSettings.from_params(draft or {}).speculator_path)
     except (SpeculatorLoadError, ValueError) as e:
         return f"  speculators: ? ({e})\n"
-    return "".join(f"  {method:<18} {path}\n" for method, path in heads.items())
+    return "".join(f"  {method:<18} {path}  ({describe_variant(path, method)})\n" for method, path in heads.items())
 
 
 def _config(cfg: Path) -> str:

@@ -32,8 +32,11 @@ def test_the_banner_names_the_methods_and_heads_the_repository_offers(tiny_heads
                                                 "draft_model_path": ""}})
     assert served_methods(heads) == "none, ngram, suffix, eagle, eagle3, hybrid, auto"
     lines = served_speculators(heads).splitlines()
-    assert [line.split() for line in lines] == [["eagle3", str(tiny_heads["eagle3"])],
-                                                ["eagle", str(tiny_heads["eagle"])]]
+    assert [line.split()[:2] for line in lines] == [["eagle3", str(tiny_heads["eagle3"])],
+                                                    ["eagle", str(tiny_heads["eagle"])]]
+    # each head's line names its published variant
+    assert lines[0].endswith("(EAGLE-3, the EAGLE authors' layout, layer ids [0, 1, 1])"), lines[0]
+    assert lines[1].endswith("(EAGLE-1, the EAGLE authors' layout)"), lines[1]
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "config.json").write_text("{}")  # no layout: not offered, and the banner says why

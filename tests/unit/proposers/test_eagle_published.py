@@ -601,3 +601,30 @@ def test_the_target_returns_the_union_of_the_eagle3_heads_layers(tiny_lm, tmp_pa
     assert aux_hidden_state_layers(str(e3), 5) == [1, 4, 5]  # 5 of a 5-layer target: its last layer's output
     with pytest.raises(SpeculatorLoadError, match="eagle_aux_hidden_state_layer_ids"):
         aux_hidden_state_layers(str(e3), 4)  # layer 5 of a 4-layer target
+
+
+def test_the_banner_names_each_published_variant(tiny_lm, tmp_path):
+    """describe_variant (the launcher's line per head) names the layout and the variant's features."""
+    from spec_decode.proposers.speculators.layouts import describe_variant
+    from tests.speculator_checkpoints.medusa import write_medusa
+
+    emb = tiny_lm.get_input_embeddings().weight.detach()
+    cases = {
+        _eagle1(tiny_lm, tmp_path / "a", qkv_bias="qkv_bias", para_norm=True):
+            ("eagle", "EAGLE-1, the EAGLE authors' layout, q/k/v biases, HASS norms"),
+        _eagle1(tiny_lm, tmp_path / "b", layout="vllm_script"): ("eagle", "EAGLE-1, vLLM's conversion script"),
+        write_eagle1(tmp_path / "c", emb, HEADS, KV, INTER, layout="vllm", fmt="safetensors",
+                     token_map=torch.arange(40)): ("eagle", "EAGLE-1, vLLM's conversion, a truncated vocabulary of 40"),
+        _eagle3(tmp_path / "d", layer_ids=[1, 3, 5], norm_before_fc=True):
+            ("eagle3", "EAGLE-3, the EAGLE authors' layout, norm_before_fc, output-of-layer ids, read +1 [1, 3, 5]"),
+        write_eagle3(tmp_path / "e", 48, V, 6, KV, INTER, 48, layout="speculators", target_hidden=H,
+                     embedding=torch.randn(V, 48)): ("eagle3", "EAGLE-3, the speculators library's layout, "
+                                                               "target_hidden_size 32"),
+        write_medusa(tmp_path / "f", H, V, layout="medusa_v2", fmt="pt"):
+            ("medusa", "Medusa, FasterDecoding's layout, version 2 (the target's LM head)"),
+        write_medusa(tmp_path / "g", H, V, layout="medusa2_full"): ("medusa", "Medusa-2, the heads of a full model"),
+    }
+    for folder, (method, words) in cases.items():
+        assert detect(folder) == method
+        assert describe_variant(folder, method) == words
+    assert describe_variant(tmp_path / "missing", "eagle") == "?"

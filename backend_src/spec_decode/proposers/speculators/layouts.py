@@ -65,6 +65,68 @@ def detect(folder: Path) -> str:
                               f"ArcticMLPSpeculatorPreTrainedModel, ArcticLSTMSpeculatorPreTrainedModel)")
 
 
+def describe_variant(folder: Path, method: str) -> str:
+    """The published variant a head folder of ``method`` holds, in a few words for the launcher's banner (e.g.
+    "EAGLE-1, the EAGLE authors' layout, q/k/v biases"), read from its config and weight names only (the loaders
+    check the rest). Never raises: an unreadable folder gives "?".
+
+    The variants are those docs/speculators.md lists, after each family's published sources (SafeAILab/EAGLE, vLLM,
+    SGLang, the ``speculators`` library, FasterDecoding/Medusa, fms-extras, ArcticTraining)."""
+    try:
+        cfg = read_config(Path(folder))
+        names = set(weight_names(find_weights(Path(folder)))) if method in ("eagle",) else set()
+    except (SpeculatorLoadError, OSError, ValueError):
+        return "?"
+    parts: list[str] = []
+    archs = _archs(cfg)
+    if method == "eagle":
+        inner = cfg["model"] if isinstance(cfg.get("model"), dict) else cfg
+        if "EAGLEModel" in archs:
+            parts.append("EAGLE-1, vLLM's conversion")
+        elif cfg.get("model_type") == "eagle":
+            parts.append("EAGLE-1, vLLM's conversion script")
+        else:
+            parts.append("EAGLE-1, the EAGLE authors' layout")
+        if inner.get("qkv_bias") or inner.get("attention_bias") or inner.get("model_type") == "qwen2" or \
+                any(n.endswith("self_attn.q_proj.bias") for n in names):
+            parts.append("q/k/v biases")
+        if inner.get("add_para_norm") or "enorm.weight" in names:
+            parts.append("HASS norms")
+        truncated = cfg.get("truncated_vocab_size")
+        if isinstance(truncated, int) and truncated < int(inner.get("vocab_size") or truncated):
+            parts.append(f"a truncated vocabulary of {truncated}")
+    elif method == "eagle3":
+        speculators = isinstance(cfg.get("transformer_layer_config"), dict)
+        parts.append("EAGLE-3, the speculators library's layout" if speculators else
+                     "EAGLE-3, the EAGLE authors' layout" if any("eagle3" in a.lower() for a in archs) else
+                     "EAGLE-3, the EAGLE-3 trainer's layout")
+        parts += [flag for flag in ("norm_before_residual", "norm_before_fc") if cfg.get(flag)]
+        if cfg.get("target_hidden_size"):
+            parts.append(f"target_hidden_size {cfg['target_hidden_size']}")
+        nested = cfg["eagle_config"] if isinstance(cfg.get("eagle_config"), dict) else {}
+        ids = nested.get("eagle_aux_hidden_state_layer_ids", cfg.get("eagle_aux_hidden_state_layer_ids"))
+        if isinstance(ids, list) and ids:
+            convention = "output-of-layer ids, read +1" if ids[0] == 1 and "trained_by" not in (
+                cfg.get("spec_decode") or {}) else "layer ids"
+            parts.append(f"{convention} {ids}")
+    elif method == "medusa":
+        if "MedusaModel" in archs or cfg.get("model_type") == "medusa":
+            parts.append("Medusa, vLLM's conversion")
+        elif (Path(folder) / "model.safetensors.index.json").is_file() or \
+                (Path(folder) / "pytorch_model.bin.index.json").is_file():
+            parts.append("Medusa-2, the heads of a full model")
+        else:
+            parts.append("Medusa, FasterDecoding's layout" + (", version 2 (the target's LM head)"
+                                                               if str(cfg.get("version", "")) == "2" else ""))
+    elif method == "mlp_speculator":
+        parts.append("MLP speculator (fms-extras)")
+        parts += [flag for flag in ("tie_weights", "scale_input") if cfg.get(flag)]
+    elif method == "arctic":
+        lstm = any(a.startswith("ArcticLSTMSpeculator") for a in archs)
+        parts.append(f"Arctic LSTM speculator, {cfg.get('method', 'sum_rnn')}" if lstm else "Arctic MLP speculator")
+    return ", ".join(parts) or method
+
+
 def trained_head_dir() -> Path | None:
     """The head ``make speculator`` trained for the embedded target, when it is built in the EAGLE-3 layout (else
     None)."""
