@@ -363,15 +363,20 @@ def goals(res: dict, copy_gb_s: float) -> dict:
 
 def speculator_layout(folder: Path) -> dict:
     """What a speculator folder of :func:`build_models` is: the method its layout serves (as draft_model detects it),
-    its ``architectures`` or ``model_type``, and its weights file."""
+    its variant (as the launcher's banner names it), its ``architectures`` or ``model_type``, and its weights file
+    (a sharded model's index)."""
     import json
 
     from spec_decode.proposers.speculators import detect
     from spec_decode.proposers.speculators.checkpoint import find_weights
+    from spec_decode.proposers.speculators.layouts import describe_variant
 
     cfg = json.loads((folder / "config.json").read_text())
-    weights = find_weights(folder, ("model.safetensors", "pytorch_model.bin", "medusa_lm_head.safetensors"))
-    return {"method": detect(folder), "folder": folder.name,
+    index = folder / "model.safetensors.index.json"
+    weights = index if index.is_file() else find_weights(
+        folder, ("model.safetensors", "pytorch_model.bin", "medusa_lm_head.safetensors", "medusa_lm_head.pt"))
+    method = detect(folder)
+    return {"method": method, "variant": describe_variant(folder, method), "folder": folder.name,
             "architectures": cfg.get("architectures") or cfg.get("model_type") or "medusa_num_heads",
             "weights": weights.name}
 

@@ -12,10 +12,12 @@ key                    layout
 ====================== ======================================================================================
 ``eagle``              EAGLE-1/2 as the EAGLE authors publish it (SafeAILab/EAGLE, ``yuhuili/EAGLE-*``): a
                        one-layer ``LlamaForCausalLM`` config; ``pytorch_model.bin`` with ``fc.weight``,
-                       ``fc.bias``, ``layers.0.*`` (no input norm) and ``embed_tokens.weight`` (the target's)
+                       ``fc.bias``, ``layers.0.*`` (no input norm) and ``embed_tokens.weight`` (the target's);
+                       with q/k/v biases (``qkv_bias``, the authors' Qwen2 heads) and HASS's ``enorm`` / ``hnorm``
 ``eagle3``             EAGLE-3 (``LlamaForCausalLMEagle3`` with ``draft_vocab_size``; ``pytorch_model.bin`` with
                        ``fc.weight`` [H, 3H], ``midlayer.*``, ``norm.weight``, ``lm_head.weight``, ``d2t``,
-                       ``t2d``), the target's embedding shared; a draft vocabulary of every other token
+                       ``t2d``), the target's embedding shared; a draft vocabulary of every other token; layers
+                       2, L // 2 and L (the last layer's output), ``norm_before_fc``, ``norm_before_residual``
 ``medusa``             FasterDecoding/Medusa: ``medusa_num_heads`` 3 (k is capped at 3), ``medusa_lm_head.
                        safetensors`` with ``{i}.0.linear.{weight,bias}`` and ``{i}.1.weight`` (the target's LM
                        head, as Medusa's trainer initialises it)
@@ -38,6 +40,11 @@ key                    layout
                        ``transformer_layer_config``, ``layers.0.*``, a zero ``fc.bias``, the target's embedding)
 ``medusa:v2``          the ``medusa`` head as Medusa's ``version: "2"`` (``train_legacy.py``): its blocks only,
                        projected by the target's LM head (which is what ``medusa``'s projections hold)
+``medusa:full``        the ``medusa`` head inside a Medusa-2 full model (``FasterDecoding/medusa-1.0-*``): the
+                       base model's config with ``medusa_num_heads``, ``medusa_head.*`` in a second shard under
+                       ``model.safetensors.index.json``
+``eagle3:specforge``   the ``eagle3`` head with its layer ids in SpecForge's output-of-layer convention (2, L // 2
+                       and L written as 1, L // 2 - 1, L - 1: read one later, as SGLang reads them)
 ====================== ======================================================================================
 """
 
@@ -57,6 +64,8 @@ ALTERNATIVES = {  # another layout of a served head -> (the method that serves i
     "eagle:vllm_script": ("eagle", "eagle"),
     "eagle3:speculators": ("eagle3", "eagle3"),
     "medusa:v2": ("medusa", "medusa"),
+    "medusa:full": ("medusa", "medusa"),
+    "eagle3:specforge": ("eagle3", "eagle3"),
 }
 N_PREDICT = 3  # Medusa's heads and the MLP / Arctic speculators' n_predict: below K_DECODE, so k is capped
 DTYPE = torch.bfloat16  # as the target is saved
@@ -127,34 +136,49 @@ def write_eagle1(folder: Path, llama: dict[str, int], embedding: torch.Tensor, l
     state = _layer(gen, llama, h, f"{prefix}layers.0.")
     state["fc.weight"] = torch.randn(h, 2 * h, generator=gen) * _STD
     state["fc.bias"] = torch.randn(h, generator=gen) * _STD
+    # two published variants at once: q/k/v biases (the authors' Qwen2 heads) and HASS's enorm / hnorm
+    d = h // llama["num_attention_heads"]
+    for p, rows in (("q", h), ("k", llama["num_key_value_heads"] * d), ("v", llama["num_key_value_heads"] * d)):
+        state[f"{prefix}layers.0.self_attn.{p}_proj.bias"] = torch.randn(rows, generator=gen) * _STD
+    state["enorm.weight"] = 1 + 0.1 * torch.randn(h, generator=gen)
+    state["hnorm.weight"] = 1 + 0.1 * torch.randn(h, generator=gen)
     state[f"{prefix}embed_tokens.weight"] = embedding
+    variants = {"qkv_bias": True, "add_para_norm": True}
     if layout == "vllm":
         state["lm_head.weight"] = lm_head
-        cfg = {"architectures": ["EAGLEModel"], "model_type": "eagle", "model": _llama_config(llama),
+        cfg = {"architectures": ["EAGLEModel"], "model_type": "eagle", "model": _llama_config(llama, **variants),
                "num_lookahead_tokens": 5, "eagle_fc_bias": True, "truncated_vocab_size": llama["vocab_size"]}
     elif layout == "vllm_script":
         state["lm_head.weight"] = lm_head
-        cfg = {"model_type": "eagle", "model": {**_llama_config(llama), "eagle_fc_bias": True}}
+        cfg = {"model_type": "eagle", "model": {**_llama_config(llama, **variants), "eagle_fc_bias": True}}
         return _write(Path(folder), cfg, state, "model.safetensors")
     else:
         assert layout == "authors", layout
-        cfg = _llama_config(llama)
+        cfg = _llama_config(llama, **variants)
     return _write(Path(folder), cfg, state, "pytorch_model.bin")
 
 
 def write_eagle3(folder: Path, llama: dict[str, int], lm_head: torch.Tensor, seed: int = 2,
-                 embedding: torch.Tensor | None = None) -> Path:
+                 embedding: torch.Tensor | None = None, specforge: bool = False) -> Path:
     """A random EAGLE-3 head (``LlamaForCausalLMEagle3``) over a draft vocabulary of every other target token, its
-    LM head the target's rows of those tokens; the target's embedding shared; the auxiliary layers the default ones
-    (2, L // 2, L - 3). With ``embedding`` (the target's), the same head in the ``speculators`` library's layout
-    (``Eagle3Speculator``: ``transformer_layer_config``, ``layers.0.*``, a zero ``fc.bias``, its embedding saved)."""
+    LM head the target's rows of those tokens; the target's embedding shared; with published variants: the
+    auxiliary layers 2, L // 2 and L (the last layer's output, as ``nvidia/gpt-oss-120b-Eagle3-v3`` names it),
+    ``norm_before_fc`` (``input_norm.weight`` over the three) and ``norm_before_residual``. With ``embedding`` (the
+    target's), the same head in the ``speculators`` library's layout (``Eagle3Speculator``:
+    ``transformer_layer_config``, ``layers.0.*``, a zero ``fc.bias``, its embedding saved)."""
     gen = torch.Generator().manual_seed(seed)
     h, v = llama["hidden_size"], llama["vocab_size"]
+    layers = llama["num_hidden_layers"]
     ids = torch.arange(0, v, 2)
     state = _layer(gen, llama, 2 * h, "midlayer.")
     state["midlayer.input_layernorm.weight"] = 1 + 0.1 * torch.randn(h, generator=gen)
     state["midlayer.hidden_norm.weight"] = 1 + 0.1 * torch.randn(h, generator=gen)
     state["fc.weight"] = torch.randn(h, 3 * h, generator=gen) * _STD
+    state["input_norm.weight"] = 1 + 0.1 * torch.randn(3 * h, generator=gen)
+    aux = [2, layers // 2, layers]
+    if specforge:  # the same layers named as outputs of the layer before each
+        aux = [i - 1 for i in aux]
+    variants = {"norm_before_fc": True, "norm_before_residual": True}
     state["norm.weight"] = 1 + 0.1 * torch.randn(h, generator=gen)
     state["lm_head.weight"] = lm_head[ids]
     state["d2t"] = ids - torch.arange(len(ids))
@@ -165,10 +189,11 @@ def write_eagle3(folder: Path, llama: dict[str, int], lm_head: torch.Tensor, see
         state = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): t for k, t in state.items()}
         state["fc.bias"], state["embed_tokens.weight"] = torch.zeros(h), embedding
         cfg = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
-               "model_type": "speculators", "draft_vocab_size": len(ids), "norm_before_residual": False,
-               "target_hidden_size": None, "transformer_layer_config": _llama_config(llama)}
+               "model_type": "speculators", "draft_vocab_size": len(ids), "target_hidden_size": None,
+               "eagle_aux_hidden_state_layer_ids": aux, "transformer_layer_config": _llama_config(llama), **variants}
         return _write(Path(folder), cfg, state, "model.safetensors")
-    cfg = _llama_config(llama, draft_vocab_size=len(ids), bias=False)
+    cfg = _llama_config(llama, draft_vocab_size=len(ids), bias=False, **variants,
+                        eagle_config={"eagle_aux_hidden_state_layer_ids": aux})
     cfg["architectures"] = ["LlamaForCausalLMEagle3"]
     return _write(Path(folder), cfg, state, "pytorch_model.bin")
 
@@ -177,20 +202,33 @@ def write_medusa(folder: Path, llama: dict[str, int], lm_head: torch.Tensor, lay
                  seed: int = 3) -> Path:
     """A Medusa head of :data:`N_PREDICT` heads of one residual block each, random blocks, every head's projection
     the target's LM head: ``medusa`` (FasterDecoding's layout), ``v2`` (its ``version: "2"``: blocks only, projected
-    by the target's LM head) or ``vllm`` (vLLM's, ``original_lm_head``: the projection is not in the file); the same
-    ``seed`` gives the same head in each."""
+    by the target's LM head), ``full`` (inside a Medusa-2 full model's shards) or ``vllm`` (vLLM's,
+    ``original_lm_head``: the projection is not in the file); the same ``seed`` gives the same head in each."""
     gen = torch.Generator().manual_seed(seed)
     h, n = llama["hidden_size"], N_PREDICT
     state: dict[str, torch.Tensor] = {}
     for i in range(n):
         w, b = torch.randn(h, h, generator=gen) * _STD, torch.randn(h, generator=gen) * _STD
-        if layout in ("medusa", "v2"):
+        if layout in ("medusa", "v2", "full"):
             # each head its own copy: FasterDecoding's heads are separate modules, saved name by name
             state[f"{i}.0.linear.weight"], state[f"{i}.0.linear.bias"] = w, b
-            if layout == "medusa":
+            if layout in ("medusa", "full"):
                 state[f"{i}.1.weight"] = lm_head.clone()
         else:
             state[f"blocks.{i}.layers.0.weight"], state[f"blocks.{i}.layers.0.bias"] = w, b
+    if layout == "full":  # the heads inside a full model's second shard
+        folder = Path(folder)
+        base = {"model.norm.weight": torch.ones(h)}
+        _write(folder, {}, base, "model-00001-of-00002.safetensors")
+        _write(folder, {}, {f"medusa_head.{k}": t for k, t in state.items()}, "model-00002-of-00002.safetensors")
+        shards = {"model-00001-of-00002.safetensors": base,
+                  "model-00002-of-00002.safetensors": {f"medusa_head.{k}": t for k, t in state.items()}}
+        index = {"metadata": {}, "weight_map": {k: f for f, part in shards.items() for k in part}}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+        cfg_full = _llama_config(llama, medusa_num_heads=n, medusa_num_layers=1)
+        cfg_full["num_hidden_layers"] = llama["num_hidden_layers"]
+        (folder / "config.json").write_text(json.dumps(cfg_full))
+        return folder
     if layout in ("medusa", "v2"):
         cfg: dict[str, Any] = {"base_model_name_or_path": "gpu-check-random-llama", "medusa_num_heads": n,
                                "medusa_num_layers": 1, "transformers_version": "4.41.2",
@@ -297,4 +335,6 @@ def write_speculators(folder: Path, llama: dict[str, int], embedding: torch.Tens
                                           layout="vllm_script"),
         "eagle3:speculators": write_eagle3(folder / "eagle3_speculators", llama, lm_head, embedding=embedding),
         "medusa:v2": write_medusa(folder / "medusa_v2", llama, lm_head, layout="v2"),
+        "medusa:full": write_medusa(folder / "medusa_full", llama, lm_head, layout="full"),
+        "eagle3:specforge": write_eagle3(folder / "eagle3_specforge", llama, lm_head, specforge=True),
     }
