@@ -61,6 +61,23 @@ def test_replaced_heads_serve_too(server, greedy_references, published_heads):
         _load_draft(client, original, before, server)
 
 
+def test_published_variants_serve_too(server, greedy_references, published_heads):
+    """Published variants in place of the served heads (draft_model reloaded with them): EAGLE-1 with q/k/v biases
+    and HASS norms in vLLM's conversion script's layout, EAGLE-3 in the speculators library's layout with
+    norm_before_fc and norm_before_residual, Medusa version 2 (projected by the target's LM head); each drafts and
+    the output stays the target's."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    original = _draft_config(client)
+    before = original["parameters"]["speculator_path"]["string_value"]
+    variants = ",".join(str(published_heads[m]) for m in ("eagle_qwen2_hass", "eagle3_speculators", "medusa_v2"))
+    try:
+        _load_draft(client, original, variants, server)
+        for method in ("eagle", "eagle3", "medusa"):
+            _check_greedy(server.grpc_url, greedy_references, method, 4)
+    finally:
+        _load_draft(client, original, before, server)
+
+
 @pytest.fixture(scope="module")
 def bad_heads(tmp_path_factory, real_model_dir):
     """Checkpoints that do not fit the embedded target, each with the file and key its load error must name."""

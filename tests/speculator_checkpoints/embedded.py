@@ -32,7 +32,9 @@ def write_published_heads(folder: Path, model_dir: Path) -> dict[str, Path]:
     """One head per method for the target in ``model_dir``, each in its authors' layout: ``eagle`` (yuhuili's
     EAGLE-1, pytorch_model.bin with the embedding), ``eagle3`` (``LlamaForCausalLMEagle3``, default layers, the
     target's embedding shared), ``medusa`` (FasterDecoding, 3 heads), ``mlp_speculator`` (IBM, 3 positions), ``arctic``
-    (Arctic's MLP speculator), and ``arctic_lstm`` (Arctic's LSTM speculator; a second ``arctic`` head, served alone).
+    (Arctic's MLP speculator), ``arctic_lstm`` (Arctic's LSTM speculator; a second ``arctic`` head, served alone), and
+    published variants served in place of the first ones: ``eagle_qwen2_hass``, ``eagle3_speculators``,
+    ``medusa_v2``.
 
     Returns:
         name -> folder.
@@ -46,6 +48,14 @@ def write_published_heads(folder: Path, model_dir: Path) -> dict[str, Path]:
         "mlp_speculator": write_mlp_speculator(folder / "mlp", h, v, n_predict=3, inner_dim=256),
         "arctic": write_arctic(folder / "arctic", h, v, kind="mlp", inner_dim=256),
         "arctic_lstm": write_arctic(folder / "arctic_lstm", h, v, kind="lstm", inner_dim=256),
+        # published variants: EAGLE-1 with q/k/v biases and HASS norms as vLLM's conversion script writes it,
+        # EAGLE-3 in the speculators library's layout with norm_before_fc and norm_before_residual, Medusa version 2
+        "eagle_qwen2_hass": write_eagle1(folder / "eagle_qwen2_hass", embedding(model_dir), s["heads"], s["kv_heads"],
+                                         s["inter"], layout="vllm_script", qkv_bias="qkv_bias", para_norm=True),
+        "eagle3_speculators": write_eagle3(folder / "eagle3_speculators", h, v, s["heads"], s["kv_heads"], s["inter"],
+                                           4096, layout="speculators", embedding=embedding(model_dir),
+                                           norm_before_fc=True, norm_before_residual=True),
+        "medusa_v2": write_medusa(folder / "medusa_v2", h, v, num_heads=3, layout="medusa_v2", fmt="pt"),
     }
 
 
