@@ -16,6 +16,7 @@ import time
 import traceback
 
 import numpy as np
+import torch
 
 from ..generation import Generation
 from ..processors import TokenLogprobs
@@ -187,8 +188,6 @@ class TritonStep:
         drafts ``draft_token_ids`` INT64 [rows, k] (None: no drafts), rows padded (-1, 0). A row the target scored
         nothing for (a prompt chunk: no argmax) gets no token. Returns ``output_ids`` INT64 [rows, n] (padded with
         -1) and ``output_log_probs`` FP32 [rows, n], as the verifier's."""
-        import torch
-
         width = best.reshape(rows, -1).shape[1]
         ids = np.full((rows, max(1, width)), -1, np.int64)
         lps = np.zeros(ids.shape, np.float32)

@@ -74,10 +74,11 @@ class Eagle3Head(nn.Module):
         config: ``hidden_size`` (H, the head's width), ``num_attention_heads``, ``num_key_value_heads``,
             ``intermediate_size``, ``rms_norm_eps``, ``draft_vocab_size``; optional ``head_dim`` (default H / heads),
             ``rope_theta``, ``rope_scaling``, ``max_position_embeddings`` (0: no bound), ``target_hidden_size``
-            (H_t, the target's width ``fc`` reads 3 x of; default H), ``fc_bias``, ``attention_bias`` (biases of
-            q/k/v/o, speculators' ``attention_bias``), ``norm_before_residual`` (the residual is the normed ``g``,
-            vLLM ``llama_eagle3.py`` ``_norm_before_residual``) and ``norm_before_fc`` (an RMSNorm ``fc_input_norm``
-            over the concatenated auxiliary states before ``fc``, SGLang PR #32334), all default false.
+            (H_t, the target's width ``fc`` reads 3 x of; default H), ``fc_bias``, ``qkv_bias`` and ``o_bias``
+            (the attention's biases, speculators' ``attention_bias``), ``norm_before_residual`` (the residual is the
+            normed ``g``, vLLM ``llama_eagle3.py`` ``_norm_before_residual``) and ``norm_before_fc`` (an RMSNorm
+            ``fc_input_norm`` over the concatenated auxiliary states before ``fc``, SGLang PR #32334), all default
+            false.
         num_aux: how many target layers ``fc`` reads (3).
         aux_columns: the column blocks of the wire's hidden states holding those layers, in ``fc``'s order (block 0
             is the last hidden state; default 1..num_aux).
@@ -111,11 +112,11 @@ class Eagle3Head(nn.Module):
         self.fc = nn.Linear(num_aux * self.target_width, h, bias=bool(config.get("fc_bias", False)))
         self.input_norm = RMSNorm(h, eps)
         self.hidden_norm = RMSNorm(h, eps)
-        bias = bool(config.get("attention_bias", False))
+        bias = bool(config.get("qkv_bias", False))
         self.q_proj = nn.Linear(2 * h, self.heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(2 * h, self.kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(2 * h, self.kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, h, bias=bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, h, bias=bool(config.get("o_bias", False)))
         self.post_norm = RMSNorm(h, eps)
         self.gate_proj = nn.Linear(h, inter, bias=False)
         self.up_proj = nn.Linear(h, inter, bias=False)
@@ -301,7 +302,9 @@ def load_eagle3(folder: Path, target: TargetInfo, aux_layers: list[int] | None =
     state = load_weights(file)
     if speculators:  # the same tensors under the speculators library's names
         state = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): t for k, t in state.items()}
-    bias = bool(cfg.get("attention_bias", False)) or "midlayer.self_attn.q_proj.bias" in state
+    # attention_bias: q/k/v/o biases (the speculators library's); a bias in the file is used even unnamed (trained)
+    qkv_bias = bool(cfg.get("attention_bias", False)) or "midlayer.self_attn.q_proj.bias" in state
+    o_bias = bool(cfg.get("attention_bias", False)) or "midlayer.self_attn.o_proj.bias" in state
     norm_before_fc = bool(top.get("norm_before_fc", False))
     why = f"hidden size {h}, {heads} heads of {d}, {kv} key/value heads, MLP {inter}, {len(ids)} target layers"
     shapes = {"fc.weight": (h, len(ids) * ht), "midlayer.input_layernorm.weight": (h,),
@@ -314,10 +317,11 @@ def load_eagle3(folder: Path, target: TargetInfo, aux_layers: list[int] | None =
     weights = {mine: take(state, pub, shapes[pub], file, why) for pub, mine in _NAMES.items()}
     if "fc.bias" in state:
         weights["fc.bias"] = take(state, "fc.bias", (h,), file, why)
-    if bias:
-        for p, rows in (("q", heads * d), ("k", kv * d), ("v", kv * d), ("o", h)):
+    for p, rows, used in (("q", heads * d, qkv_bias), ("k", kv * d, qkv_bias), ("v", kv * d, qkv_bias),
+                          ("o", h, o_bias)):
+        if used:
             weights[f"{p}_proj.bias"] = take(state, f"midlayer.self_attn.{p}_proj.bias", (rows,), file,
-                                             "attention_bias true")
+                                             "attention_bias true, or the file's q/k/v biases")
     if norm_before_fc:
         weights["fc_input_norm.weight"] = take(state, "input_norm.weight", (len(ids) * ht,), file,
                                                "norm_before_fc true: an RMSNorm over the concatenated target states")
@@ -345,7 +349,7 @@ def load_eagle3(folder: Path, target: TargetInfo, aux_layers: list[int] | None =
               "draft_vocab_size": n, "rope_theta": float(cfg.get("rope_theta", 10000.0) or 10000.0),
               "rope_scaling": cfg.get("rope_scaling") or cfg.get("rope_parameters"),
               "max_position_embeddings": target.max_position_embeddings, "target_hidden_size": ht,
-              "fc_bias": "fc.bias" in weights, "attention_bias": bias, "norm_before_fc": norm_before_fc,
+              "fc_bias": "fc.bias" in weights, "qkv_bias": qkv_bias, "o_bias": o_bias, "norm_before_fc": norm_before_fc,
               "norm_before_residual": bool(top.get("norm_before_residual", cfg.get("norm_before_residual", False)))}
     try:
         rope_inv_freq(config, d)
