@@ -73,10 +73,15 @@ def describe_variant(folder: Path, method: str) -> str:
     The variants are those docs/speculators.md lists, after each family's published sources (SafeAILab/EAGLE, vLLM,
     SGLang, the ``speculators`` library, FasterDecoding/Medusa, fms-extras, ArcticTraining)."""
     try:
-        cfg = read_config(Path(folder))
-        names = set(weight_names(find_weights(Path(folder)))) if method in ("eagle",) else set()
-    except (SpeculatorLoadError, OSError, ValueError):
+        return _variant(Path(folder), method)
+    except (SpeculatorLoadError, OSError, ValueError, TypeError, KeyError):  # a folder the loader refuses, naming why
         return "?"
+
+
+def _variant(folder: Path, method: str) -> str:
+    """:func:`describe_variant` without its guard."""
+    cfg = read_config(folder)
+    names = set(weight_names(find_weights(folder))) if method == "eagle" else set()
     parts: list[str] = []
     archs = _archs(cfg)
     if method == "eagle":
@@ -112,8 +117,7 @@ def describe_variant(folder: Path, method: str) -> str:
     elif method == "medusa":
         if "MedusaModel" in archs or cfg.get("model_type") == "medusa":
             parts.append("Medusa, vLLM's conversion")
-        elif (Path(folder) / "model.safetensors.index.json").is_file() or \
-                (Path(folder) / "pytorch_model.bin.index.json").is_file():
+        elif (folder / "model.safetensors.index.json").is_file() or (folder / "pytorch_model.bin.index.json").is_file():
             parts.append("Medusa-2, the heads of a full model")
         else:
             parts.append("Medusa, FasterDecoding's layout" + (", version 2 (the target's LM head)"
