@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -92,11 +93,52 @@ def prepare_default_model(force: bool = False) -> Path:
     return target
 
 
-def resolve_model_path(value: str | None) -> Path | None:
-    """Map a config value to a model folder: ``""``/``none`` -> None, ``default`` -> the embedded target.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9._-]+$")  # org/name, as the Hugging Face hub names models
+
+
+def hub_cache_dir() -> Path:
+    """The local Hugging Face hub cache, as ``huggingface_hub`` finds it: ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``,
+    else ``~/.cache/huggingface/hub`` (read at each call, so a changed environment counts)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or str(Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")) / "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def is_hub_id(value: str) -> bool:
+    """Whether ``value`` reads as a Hugging Face model id (``org/name``) rather than a folder path."""
+    return bool(_HUB_ID.match(value.strip())) and not Path(value).expanduser().exists()
+
+
+def hub_snapshot(repo_id: str) -> Path:
+    """The folder of a Hugging Face model id in the local hub cache (:func:`hub_cache_dir`: ``models--org--name/
+    snapshots/<revision>``, the revision ``refs/main`` names), never downloading (``huggingface_hub.snapshot_download``
+    with ``local_files_only``).
 
     Raises:
-        FileNotFoundError: a given path does not exist.
+        FileNotFoundError: the id is not in the cache: names the folder it looked in and the ``hf download`` command
+            that puts it there.
+    """
+    from huggingface_hub import snapshot_download
+
+    cache = hub_cache_dir()
+    try:
+        return Path(snapshot_download(repo_id.strip(), local_files_only=True, cache_dir=str(cache)))
+    except (OSError, ValueError) as e:  # LocalEntryNotFoundError is a FileNotFoundError
+        where = cache / f"models--{repo_id.strip().replace('/', '--')}"
+        raise FileNotFoundError(
+            f"model {repo_id!r} is not in the local Hugging Face cache (looked in {where}; {type(e).__name__}); the "
+            f"server never downloads: run `HF_HUB_CACHE={cache} hf download {repo_id}` on a machine with access "
+            f"(or set HF_HOME / HF_HUB_CACHE to the cache that holds it)") from None
+
+
+def resolve_model_path(value: str | None) -> Path | None:
+    """Map a config value to a model folder: ``""``/``none`` -> None, ``default`` -> the embedded target, a folder ->
+    itself, a Hugging Face id (``org/name``) that is not a folder -> its snapshot in the local hub cache
+    (:func:`hub_snapshot`).
+
+    Raises:
+        FileNotFoundError: a given path does not exist, or an id is not in the local cache (naming where it looked).
     """
     if value is None or value.strip().lower() in ("", "none"):
         return None
@@ -104,8 +146,59 @@ def resolve_model_path(value: str | None) -> Path | None:
         return prepare_default_model()
     path = Path(os.path.expandvars(value)).expanduser()
     if not path.exists():
+        if is_hub_id(value):
+            return hub_snapshot(value)
         raise FileNotFoundError(f"model folder {str(path)!r} does not exist")
     return path
+
+
+def check_servable(folder: Path, max_model_len: int | None = None) -> dict:
+    """Refuse, naming the reason, a target the engine cannot serve: not a causal decoder (an encoder or
+    encoder-decoder architecture), sliding-window attention (the KV pages keep every position), a ``max_model_len``
+    above the model's positions, or a tokenizer whose end-of-sequence id is unknown (generation could not end).
+
+    Args:
+        folder: the model folder (``config.json``; tokenizer files beside it).
+        max_model_len: the positions a sequence may use, checked against ``max_position_embeddings``; None: not
+            checked.
+
+    Returns:
+        The model's config.json as a dict.
+
+    Raises:
+        ValueError: the reason, naming the config key (``architectures``, ``is_encoder_decoder``, ``sliding_window``,
+            ``layer_types``, ``max_position_embeddings``, ``eos_token_id``) and the folder.
+        FileNotFoundError: no config.json.
+    """
+    import json
+
+    cfg_file = Path(folder) / "config.json"
+    cfg = json.loads(cfg_file.read_text())
+    archs = [str(a) for a in (cfg.get("architectures") or [])]
+    if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        raise ValueError(f"{cfg_file}: 'architectures' {archs} is not a causal language model (a ...ForCausalLM); "
+                         f"the engine serves decoder-only targets")
+    if cfg.get("is_encoder_decoder"):
+        raise ValueError(f"{cfg_file}: 'is_encoder_decoder': true (an encoder-decoder model); the engine serves "
+                         f"decoder-only targets")
+    window = cfg.get("sliding_window")
+    uses_window = cfg.get("use_sliding_window", window is not None) and window is not None
+    if uses_window or "sliding_attention" in (cfg.get("layer_types") or []):
+        key = "sliding_window" if uses_window else "layer_types"
+        raise ValueError(f"{cfg_file}: {key!r}: sliding-window attention (window {window}) is not served: the "
+                         f"engine's KV pages attend to every position")
+    positions = cfg.get("max_position_embeddings")
+    if max_model_len is not None and isinstance(positions, int) and max_model_len > positions:
+        raise ValueError(f"max_model_len {max_model_len} is above the model's max_position_embeddings {positions} "
+                         f"({cfg_file})")
+    if (Path(folder) / "tokenizer_config.json").is_file() or (Path(folder) / "tokenizer.json").is_file():
+        tok = load_tokenizer(Path(folder))
+        gen_file = Path(folder) / "generation_config.json"
+        gen_eos = json.loads(gen_file.read_text()).get("eos_token_id") if gen_file.is_file() else None
+        if tok.eos_token_id is None and gen_eos is None and cfg.get("eos_token_id") is None:
+            raise ValueError(f"{folder}: 'eos_token_id': neither the tokenizer, generation_config.json nor config.json "
+                             f"names an end-of-sequence token, so generation could not end")
+    return cfg
 
 
 def resolve_device(device: str) -> torch.device:

@@ -23,7 +23,10 @@ from ..engine.model_loading import prepare_default_model
 from .frontend import OpenAIFrontend, tokenizer_path
 from .repository import (
     DEFAULT_REPOSITORY,
+    DEVICES,
+    DTYPES,
     draft_overrides,
+    model_overrides,
     prepare_repository,
     served_methods,
     served_speculators,
@@ -49,6 +52,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
     ap.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
     ap.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
+    ap.add_argument("--model", default=os.environ.get("MODEL", ""), metavar="PATH_OR_ID",
+                    help="the target: a model folder, or a Hugging Face id resolved offline from the local cache "
+                         "(HF_HOME / HF_HUB_CACHE; never downloaded); sets target_model's model_path, the tokenizers "
+                         "and the OpenAI model name (default: the embedded SmolLM2-135M-Instruct; MODEL=...)")
+    ap.add_argument("--dtype", choices=DTYPES, default="", help="the target's and draft's dtype (default: auto)")
+    ap.add_argument("--device", choices=DEVICES, default="", help="the target's and draft's device (default: auto)")
+    ap.add_argument("--max-model-len", type=int, default=0,
+                    help="prompt + output positions per sequence, at most the model's (default: generate's config)")
+    ap.add_argument("--kv-cache-max-tokens", type=int, default=0,
+                    help="positions of the target's paged KV pool (default: target_model's config)")
     ap.add_argument("--draft-model", default=os.environ.get("DRAFT_MODEL", ""),
                     help="draft LM folder (or 'default' for the target itself) to enable speculative_method=draft")
     speculators = [p for p in os.environ.get("SPECULATORS", "").split(":") if p.strip()]
@@ -75,14 +88,29 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _terminate)
-    overrides = draft_overrides(args.draft_model) if args.draft_model else {}
+    overrides: dict[str, dict[str, str]] = {}
+    served_names = tuple(args.served_model_name)
+    if args.model or args.dtype or args.device or args.max_model_len or args.kv_cache_max_tokens:
+        try:  # before tritonserver starts: its log would bury the same error
+            overrides, _, name = model_overrides(args.model or "default", args.dtype, args.device, args.max_model_len,
+                                                 args.kv_cache_max_tokens)
+        except (ValueError, FileNotFoundError) as e:
+            ap.error(str(e))
+        if not args.model or args.model.strip().lower() == "default":  # the embedded target keeps its draft and head
+            overrides["draft_model"] = {k: v for k, v in overrides["draft_model"].items()
+                                        if k not in ("draft_model_path", "speculator_path")}
+        served_names = served_names or (name,)
+    for model, params in (draft_overrides(args.draft_model) if args.draft_model else {}).items():
+        overrides.setdefault(model, {}).update(params)
     if args.speculator:
         paths = [str(Path(p).expanduser().resolve()) for p in args.speculator]
         missing = [p for p in paths if not Path(p).is_dir()]
         if missing:  # before tritonserver starts: its log would bury the same error
             ap.error(f"--speculator / SPECULATORS: no such folder: {', '.join(missing)} (give a speculator folder: "
                      f"config.json and its weights; docs/speculators.md)")
-        overrides.setdefault("draft_model", {})["speculator_path"] = ",".join(["auto", *paths])
+        # the head make speculator trains ("auto") is the embedded target's: not beside another model
+        own = [] if args.model and args.model.strip().lower() != "default" else ["auto"]
+        overrides.setdefault("draft_model", {})["speculator_path"] = ",".join([*own, *paths])
     repo = prepare_repository(overrides, args.model_repository)
     server = TritonServer(repo, args.http_port, args.grpc_port, args.metrics_port, log_verbose=args.log_verbose,
                           host=args.host)
@@ -99,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         openai_line = ""
         if not args.no_openai:
             frontend = OpenAIFrontend(server.grpc_url, args.openai_port, args.host, tokenizer_path(repo),
-                                      args.api_key, served_names=tuple(args.served_model_name)).start()
+                                      args.api_key, served_names=served_names).start()
             try:
                 frontend.wait_ready()
             except RuntimeError as e:

@@ -62,6 +62,62 @@ def draft_overrides(draft_model_path: str) -> dict[str, dict[str, str]]:
     }
 
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # --dtype
+DEVICES = ("auto", "cpu", "cuda")  # --device
+
+
+def model_overrides(model: str, dtype: str = "", device: str = "", max_model_len: int = 0,
+                    kv_cache_max_tokens: int = 0) -> tuple[dict[str, dict[str, str]], Path, str]:
+    """Config overrides (for :func:`prepare_repository`) that serve ``model`` as the target: its ``model_path``
+    (target_model), the tokenizer of every model that reads one (generate, draft_model), and no draft LM or head made
+    for the embedded target (draft_model's ``draft_model_path`` and ``speculator_path`` emptied: ``--draft-model`` and
+    ``--speculator`` add their own). The model is checked before anything starts
+    (:func:`~spec_decode.engine.model_loading.check_servable`).
+
+    Args:
+        model: a folder, a Hugging Face id (``org/name``, resolved offline from the local hub cache:
+            :func:`~spec_decode.engine.model_loading.hub_snapshot`), or ``default``.
+        dtype: one of :data:`DTYPES` for target_model and draft_model ("": their configs').
+        device: one of :data:`DEVICES` for both ("": their configs').
+        max_model_len: generate's ``max_model_len`` (0: its config's), at most the model's positions.
+        kv_cache_max_tokens: target_model's KV pool positions (0: its config's).
+
+    Returns:
+        (overrides, the model's folder, the name OpenAI clients send by default: the id's last part or the folder's
+        name).
+
+    Raises:
+        FileNotFoundError: no such folder, or an id not in the local cache (naming where it looked and the
+            ``hf download`` command).
+        ValueError: a model the engine cannot serve, a ``max_model_len`` above its positions (naming both), or a
+            value outside the allowed ones (named).
+    """
+    from ..engine.model_loading import check_servable, is_hub_id, resolve_model_path
+
+    if dtype and dtype not in DTYPES:
+        raise ValueError(f"--dtype {dtype!r}: one of {', '.join(DTYPES)}")
+    if device and device not in DEVICES:
+        raise ValueError(f"--device {device!r}: one of {', '.join(DEVICES)}")
+    if max_model_len and max_model_len < 2:
+        raise ValueError(f"--max-model-len {max_model_len}: at least 2 (a prompt token and one generated)")
+    if kv_cache_max_tokens and kv_cache_max_tokens < 16:
+        raise ValueError(f"--kv-cache-max-tokens {kv_cache_max_tokens}: at least 16 (one page)")
+    folder = resolve_model_path(model)
+    if folder is None:
+        raise ValueError(f"--model {model!r} names no model")
+    check_servable(folder, max_model_len or None)
+    name = model.strip().rstrip("/").split("/")[-1] if is_hub_id(model) else folder.name
+    target = {"model_path": str(folder)}
+    draft = {"tokenizer_path": str(folder), "draft_model_path": "", "speculator_path": ""}
+    generate = {"tokenizer_path": str(folder)}
+    for params, key, value in ((target, "dtype", dtype), (draft, "dtype", dtype), (target, "device", device),
+                               (draft, "device", device), (target, "kv_cache_max_tokens", kv_cache_max_tokens),
+                               (generate, "max_model_len", max_model_len)):
+        if value:
+            params[key] = str(value)
+    return {"target_model": target, "draft_model": draft, "generate": generate}, folder, name
+
+
 def served_methods(repo: Path) -> str:
     """The ``speculative_method`` values that repository ``repo`` offers its clients, for the launcher's banner.
 

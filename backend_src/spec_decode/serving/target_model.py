@@ -29,7 +29,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from ..engine.model_loading import load_cached_lm, load_tokenizer, resolve_model_path
+from ..engine.model_loading import check_servable, load_cached_lm, load_tokenizer, resolve_model_path
 from ..engine.scorer import Scores, TargetScorer
 from ..processors import TokenLogprobs, logprob_arrays
 from ..processors.grammar import GrammarCache
@@ -114,8 +114,10 @@ class TargetBackend(BatchedBackend):
             auto``; a head that does not load adds no layers: draft_model's own load reports it), or None.
 
     Raises:
-        ValueError: a config parameter out of range or naming no model (named).
-        FileNotFoundError: a model folder that does not exist.
+        ValueError: a config parameter out of range or naming no model (named), or a model the engine cannot serve
+            (:func:`~spec_decode.engine.model_loading.check_servable`: not a causal decoder, sliding-window attention,
+            no end-of-sequence id).
+        FileNotFoundError: a model folder that does not exist, or a Hugging Face id not in the local cache.
     """
 
     IO_METRIC = "spec_decode_target_model_io_seconds_total"  # adapter.execute: decode and encode times
@@ -127,6 +129,10 @@ class TargetBackend(BatchedBackend):
         path = resolve_model_path(self.settings.model_path)
         if path is None:
             raise ValueError(f"config parameter 'model_path': {self.settings.model_path!r} names no model")
+        try:  # an architecture the engine cannot serve fails the load, naming why
+            check_servable(path)
+        except ValueError as e:
+            raise ValueError(f"config parameter 'model_path': {e}") from None
         self.lm = load_cached_lm(path, self.settings, self._aux_layers(path, draft_params))
         self.model_path = path
         self.scorer = TargetScorer(self.lm, self.settings.logprobs_mode)  # grammar matchers: at the first guide
