@@ -127,7 +127,8 @@ def hub_snapshot(repo_id: str) -> Path:
     except (OSError, ValueError) as e:  # LocalEntryNotFoundError is a FileNotFoundError
         where = cache / f"models--{repo_id.strip().replace('/', '--')}"
         raise FileNotFoundError(
-            f"model {repo_id!r} is not in the local Hugging Face cache (looked in {where}; {type(e).__name__}); the "
+            f"model {repo_id!r} is no folder here and not in the local Hugging Face cache (looked in {where}; "
+            f"{type(e).__name__}); the "
             f"server never downloads: run `HF_HUB_CACHE={cache} hf download {repo_id}` on a machine with access "
             f"(or set HF_HOME / HF_HUB_CACHE to the cache that holds it)") from None
 
