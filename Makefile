@@ -35,7 +35,7 @@ export HTTP_PORT GRPC_PORT METRICS_PORT OPENAI_PORT
 
 .PHONY: setup serve draft speculator lint test test-unit bench bench-serving bench-verifier gpu-check client clean
 
-$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml scripts/setup.sh scripts/build_suffix_tree.sh
+$(STAMP): requirements.txt requirements-nodeps.txt requirements-deploy.txt pyproject.toml scripts/setup.sh scripts/build_suffix_tree.sh
 	bash scripts/setup.sh
 	touch $(STAMP)
 

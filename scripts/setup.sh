@@ -23,6 +23,13 @@ echo ">> installing pinned Python packages into $VENV"
 "$VENV/bin/pip" install -q -r requirements.txt
 "$VENV/bin/pip" install -q --no-deps -r requirements-nodeps.txt
 "$VENV/bin/pip" install -q --no-deps -e .
+# The Kubernetes manifests' validators (deploy/kubernetes, tests/unit/deploy), in a venv of their own.
+DEPLOY_VENV=${DEPLOY_VENV:-.venv-deploy}
+if [ ! -x "$DEPLOY_VENV/bin/python" ]; then
+  echo ">> creating $DEPLOY_VENV (kubernetes-validate, checkov)"
+  "$PYTHON" -m venv "$DEPLOY_VENV"
+fi
+"$DEPLOY_VENV/bin/pip" install -q -r requirements-deploy.txt
 # Suffix decoding's global cache: Arctic Inference's C++ suffix tree, built from its PyPI sdist (cmake, g++).
 bash scripts/build_suffix_tree.sh "$VENV/bin/python"
 

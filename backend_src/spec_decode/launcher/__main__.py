@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--openai-port", type=int, default=int(os.environ.get("OPENAI_PORT", 9000)),
                     help="port of the OpenAI-compatible frontend (/v1/completions, /v1/chat/completions)")
     ap.add_argument("--no-openai", action="store_true", help="serve Triton's endpoints alone")
+    ap.add_argument("--api-key-file", type=Path, default=os.environ.get("OPENAI_API_KEY_FILE") or None,
+                    help="read the API key from this file (a mounted Secret: kept out of the process's arguments "
+                         "and environment); OPENAI_API_KEY_FILE")
     ap.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", ""),
                     help="the OpenAI frontend demands 'Authorization: Bearer KEY' (default: OPENAI_API_KEY; none)")
     ap.add_argument("--served-model-name", action="append", default=[], metavar="NAME",
@@ -80,8 +83,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"),
                     help="address to listen on (0.0.0.0 in a container)")
     args = ap.parse_args(argv)
+    if args.api_key_file is not None:
+        try:
+            args.api_key = Path(args.api_key_file).read_text().strip()
+        except OSError as e:
+            ap.error(f"--api-key-file {str(args.api_key_file)!r}: {e.strerror or e}")
+        if not args.api_key:
+            ap.error(f"--api-key-file {str(args.api_key_file)!r} is empty")
 
-    prepare_default_model()
+    if not args.model or args.model.strip().lower() == "default":  # another target needs no embedded model
+        prepare_default_model()
 
     # kill, systemd, supervisors: stop tritonserver too, as Ctrl-C does
     def _terminate(signum: int, frame: FrameType | None) -> NoReturn:
