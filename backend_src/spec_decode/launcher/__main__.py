@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         served_names = served_names or (name,)
     for model, params in (draft_overrides(args.draft_model) if args.draft_model else {}).items():
         overrides.setdefault(model, {}).update(params)
+    args.speculator = [p for p in args.speculator if p.strip()]  # an empty value (--speculator=$(UNSET)): none
     if args.speculator:
         paths = [str(Path(p).expanduser().resolve()) for p in args.speculator]
         missing = [p for p in paths if not Path(p).is_dir()]
