@@ -34,6 +34,7 @@ from ..engine.scorer import Scores, TargetScorer
 from ..processors import TokenLogprobs, logprob_arrays
 from ..processors.grammar import GrammarCache
 from ..settings import InvalidInputError, TargetSettings
+from ..verifier import argmax_suffices
 from .batching import BatchedBackend, Work
 from .metrics import Metrics
 from .step_inputs import (
@@ -194,5 +195,5 @@ class TargetBackend(BatchedBackend):
         end = self.scorer.chunk_end(seq_id, ids, len(drafts), spec, scheduled_tokens(inputs))
         if end is not None:  # chunked prefill: this step computes part of the prompt and scores nothing
             return Work(seq_id, (seq_id, ids[:end], [], params, None), _chunk_outputs)
-        argmax_only = params.is_greedy and (spec is None or not spec.logprobs)
+        argmax_only = argmax_suffices(params, spec)
         return Work(seq_id, (seq_id, ids, drafts, params, spec), partial(_outputs, argmax_only=argmax_only))

@@ -21,7 +21,7 @@ import torch
 from ..generation import Generation
 from ..processors import TokenLogprobs
 from ..protocol import StepInputs, StepResult
-from ..verifier import argmax_walk
+from ..verifier import argmax_suffices, argmax_walk
 from .adapter import strip_padding
 from .step_inputs import needs_hidden_states, round_inputs
 from .wire import GREEDY_STEP, MODELS, PROMPT_LOGPROB_OUTPUTS, SCORE_STEP, SPEC_STEP, STEP_PARTS
@@ -41,8 +41,7 @@ def _first_with_prompt_logprobs(inp: StepInputs) -> bool:
 def _argmax_only(inp: StepInputs) -> bool:
     """Whether a step's result follows from the target's argmax alone: greedy, and no log-probs asked (of its tokens
     or, on a first step, of its prompt). A round of such steps needs no verifier."""
-    spec = inp.processors
-    return inp.params.is_greedy and (spec is None or not spec.logprobs) and not _first_with_prompt_logprobs(inp)
+    return argmax_suffices(inp.params, inp.processors) and not _first_with_prompt_logprobs(inp)
 
 
 def _logprobs(asked: dict, names: tuple[str, ...], row: int, n: int, top_n: int,

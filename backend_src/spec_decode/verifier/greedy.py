@@ -9,7 +9,20 @@ argmax (``target_argmax``); generate walks a round without drafts itself (:mod:`
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from ..processors import ProcessorSpec
+    from ..sampling import SamplingParams
+
+
+def argmax_suffices(params: SamplingParams, spec: ProcessorSpec | None) -> bool:
+    """Whether a row's verification needs only the target's argmax: greedy (temperature 0) and no log-probs asked.
+    target_model then sends ``target_argmax`` instead of the [k+1, V] distributions, and generate may skip the
+    verifier (:mod:`spec_decode.serving.triton_step`): both read this one rule."""
+    return params.is_greedy and (spec is None or not spec.logprobs)
 
 
 def argmax_walk(best: list[int], best_probs: torch.Tensor, drafts: list[int]) -> tuple[list[int], list[float]]:
