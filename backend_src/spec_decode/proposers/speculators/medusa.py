@@ -193,6 +193,20 @@ def _sharded_heads(folder: Path) -> tuple[Path, dict[str, torch.Tensor]] | None:
     return None
 
 
+def _target_lm_head(target: TargetInfo) -> torch.Tensor:
+    """The target's LM head [V, H], for heads projected by it (vLLM's ``original_lm_head``, Medusa version 2).
+
+    Raises:
+        SpeculatorLoadError: it is not [V, H] of the target's sizes.
+    """
+    lm = target.lm_head()
+    v, h = target.vocab_size, target.hidden_size
+    if tuple(lm.shape) != (v, h):
+        raise SpeculatorLoadError(target.path or "target", "lm_head.weight",
+                                  f"shape {list(lm.shape)}, expected [{v}x{h}] (the target's sizes)")
+    return lm
+
+
 def _heads_in_file(state: dict[str, torch.Tensor]) -> int:
     """How many heads FasterDecoding's names hold (``{i}.0.linear.weight``, ``{i}.{L}.weight``): 1 + the largest i."""
     ids = [int(k.split(".", 1)[0]) for k in state if k.split(".", 1)[0].isdigit()]
@@ -235,11 +249,7 @@ def _load_faster_decoding(folder: Path, cfg: dict[str, Any], target: TargetInfo)
         if not v2:
             _set(head.lm_heads[i], take(state, f"{i}.{layers}.weight", (v, h), file, vocab_why))
     if v2:  # residual blocks projected by the base model's LM head
-        lm = target.lm_head()
-        if tuple(lm.shape) != (v, h):
-            raise SpeculatorLoadError(target.path or "target", "lm_head.weight",
-                                      f"shape {list(lm.shape)}, expected [{v}x{h}] (the target's sizes)")
-        _set(head.lm_heads[0], lm)
+        _set(head.lm_heads[0], _target_lm_head(target))
     expect(cfg, "hidden_size", h, cfg_file, "the target's hidden size")
     expect(cfg, "vocab_size", v, cfg_file, "the target's vocabulary size")
     return head
@@ -288,10 +298,7 @@ def _load_vllm(folder: Path, cfg: dict[str, Any], target: TargetInfo) -> MedusaH
         if "lm_heads.0.weight" in state:
             lm = projection("lm_heads.0.weight")
         else:
-            lm = target.lm_head()
-            if tuple(lm.shape) != (v, h):
-                raise SpeculatorLoadError(target.path or "target", "lm_head.weight",
-                                          f"shape {list(lm.shape)}, expected [{v}x{h}] (the target's sizes)")
+            lm = _target_lm_head(target)
             lm = lm if token_map is None else lm[token_map]
         _set(head.lm_heads[0], lm)
     else:
