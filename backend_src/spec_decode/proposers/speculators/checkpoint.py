@@ -70,26 +70,33 @@ def find_weights(folder: Path, preferred: tuple[str, ...] = ("model.safetensors"
     return found[0]
 
 
-def load_weights(file: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a weights file (safetensors, or a PyTorch pickle of tensors) on the CPU, as stored.
+def load_weights(file: Path, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor of a weights file (safetensors, or a PyTorch pickle of tensors) on the CPU, as stored; with
+    ``prefix``, only those whose names start with it, read without loading the rest (a safetensors file's tensors one
+    by one, a pickle memory-mapped): a few weights out of a large shard.
 
     Raises:
         SpeculatorLoadError: a file that does not read as either.
     """
     file = Path(file)
     try:
+        if file.suffix == ".safetensors" and prefix:
+            from safetensors import safe_open
+
+            with safe_open(str(file), framework="pt") as f:
+                return {k: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}
         if file.suffix == ".safetensors":
             from safetensors.torch import load_file
 
             return load_file(str(file))
-        state = torch.load(file, map_location="cpu", weights_only=True)
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=bool(prefix))
     except Exception as e:  # noqa: BLE001 - any reader error is a load error naming the file
         raise SpeculatorLoadError(file, "weights", f"unreadable ({type(e).__name__}: {e})") from None
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise SpeculatorLoadError(file, "weights", "must hold a mapping of names to tensors")
-    return state
+    return {k: t for k, t in state.items() if k.startswith(prefix)} if prefix else state
 
 
 def weight_names(file: Path) -> list[str]:

@@ -180,15 +180,7 @@ def _sharded_heads(folder: Path) -> tuple[Path, dict[str, torch.Tensor]] | None:
                                                              "model without Medusa heads)")
         state: dict[str, torch.Tensor] = {}
         for shard in shards:
-            path = folder / shard
-            if path.suffix == ".safetensors":
-                from safetensors import safe_open
-
-                with safe_open(str(path), framework="pt") as f:
-                    state.update({k: f.get_tensor(k) for k in f.keys() if k.startswith("medusa_head.")})
-            else:
-                part = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-                state.update({k: t for k, t in part.items() if k.startswith("medusa_head.")})
+            state.update(load_weights(folder / shard, "medusa_head."))
         return index, state
     return None
 
