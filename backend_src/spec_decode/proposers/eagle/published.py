@@ -56,14 +56,16 @@ _LAYER = {  # published name under layers.0. -> EagleHead parameter
 }
 
 
+def _bare(name: str) -> str:
+    """A weight name without vLLM's ``model.`` prefixes (``model.model.x`` -> ``x`` as vLLM reads them)."""
+    while name.startswith("model."):
+        name = name[len("model."):]
+    return name
+
+
 def _normalise(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Weight names without vLLM's ``model.`` prefix (``model.model.x`` -> ``x`` as vLLM reads them)."""
-    out = {}
-    for name, t in state.items():
-        while name.startswith("model."):
-            name = name[len("model."):]
-        out[name] = t
-    return out
+    """Weight names without vLLM's ``model.`` prefix (:func:`_bare`)."""
+    return {_bare(name): t for name, t in state.items()}
 
 
 def _flag(configured, in_file: bool) -> bool:
@@ -71,6 +73,29 @@ def _flag(configured, in_file: bool) -> bool:
     file has it. A config that says false while the file has the weight: used (it was trained, and a head drafting
     without it drafts from another computation)."""
     return bool(configured) or in_file
+
+
+def _layout(top: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+    """(vLLM's layouts, the Llama config: under ``model`` in vLLM's, the config itself in the authors')."""
+    vllm = "EAGLEModel" in (top.get("architectures") or []) or top.get("model_type") == "eagle"
+    return vllm, top["model"] if vllm and isinstance(top.get("model"), dict) else top
+
+
+def eagle1_options(top: dict[str, Any], names: set[str]) -> dict[str, Any]:
+    """What an EAGLE-1/2 folder holds, from its config (``top``: config.json) and its weight names (any ``model.``
+    prefixes are dropped): ``vllm`` (vLLM's layouts: the Llama config under ``model``), ``cfg`` (the Llama config)
+    and whether ``fc``'s bias, the q/k/v biases, the o bias and HASS's norms are used (module docstring: the config
+    says so, or the file holds them). What :func:`load_eagle1` builds and the launcher's banner names
+    (:func:`~spec_decode.proposers.speculators.layouts.describe_variant`)."""
+    names = {_bare(n) for n in names}
+    vllm, cfg = _layout(top)
+    # vLLM's config reads eagle_fc_bias at its top; vLLM's conversion script writes it into "model"
+    fc_bias = top.get("eagle_fc_bias", cfg.get("eagle_fc_bias")) if vllm else top.get("bias", True)
+    qkv_bias = cfg.get("qkv_bias", cfg.get("attention_bias", True if cfg.get("model_type") == "qwen2" else None))
+    return {"vllm": vllm, "cfg": cfg, "fc_bias": _flag(fc_bias, "fc.bias" in names),
+            "qkv_bias": _flag(qkv_bias, "layers.0.self_attn.q_proj.bias" in names),
+            "o_bias": _flag(cfg.get("attention_bias"), "layers.0.self_attn.o_proj.bias" in names),
+            "para_norm": _flag(cfg.get("add_para_norm", top.get("add_para_norm")), "enorm.weight" in names)}
 
 
 def load_eagle1(folder: Path, target: TargetInfo) -> tuple[EagleHead, DraftVocab]:
@@ -85,8 +110,7 @@ def load_eagle1(folder: Path, target: TargetInfo) -> tuple[EagleHead, DraftVocab
     folder = Path(folder)
     cfg_file = folder / "config.json"
     top = read_config(folder)
-    vllm = "EAGLEModel" in (top.get("architectures") or []) or top.get("model_type") == "eagle"
-    cfg: dict[str, Any] = top["model"] if vllm and isinstance(top.get("model"), dict) else top
+    vllm, cfg = _layout(top)
     h, v = target.hidden_size, target.vocab_size
     expect(cfg, "hidden_size", h, cfg_file, "the target's hidden size")
     expect(cfg, "vocab_size", v, cfg_file, "the target's vocabulary")
@@ -103,13 +127,8 @@ def load_eagle1(folder: Path, target: TargetInfo) -> tuple[EagleHead, DraftVocab
     inter = config_int(cfg, "intermediate_size", cfg_file)
     file = find_weights(folder)
     state = _normalise(load_weights(file))
-    # vLLM's config reads eagle_fc_bias at its top; vLLM's conversion script writes it into "model"
-    fc_bias = _flag(top.get("eagle_fc_bias", cfg.get("eagle_fc_bias")) if vllm else top.get("bias", True),
-                    "fc.bias" in state)
-    qkv_bias = _flag(cfg.get("qkv_bias", cfg.get("attention_bias", True if cfg.get("model_type") == "qwen2" else None)),
-                     "layers.0.self_attn.q_proj.bias" in state)
-    o_bias = _flag(cfg.get("attention_bias"), "layers.0.self_attn.o_proj.bias" in state)
-    para_norm = _flag(cfg.get("add_para_norm", top.get("add_para_norm")), "enorm.weight" in state)
+    options = eagle1_options(top, set(state))
+    fc_bias, qkv_bias, o_bias, para_norm = (options[k] for k in ("fc_bias", "qkv_bias", "o_bias", "para_norm"))
     why = f"hidden size {h}, {heads} heads of {d}, {kv} key/value heads, MLP {inter}"
     shapes = {"q_proj.weight": (heads * d, h), "k_proj.weight": (kv * d, h), "v_proj.weight": (kv * d, h),
               "o_proj.weight": (h, heads * d), "gate_proj.weight": (inter, h), "up_proj.weight": (inter, h),

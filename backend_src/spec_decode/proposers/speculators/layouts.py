@@ -85,17 +85,19 @@ def _variant(folder: Path, method: str) -> str:
     parts: list[str] = []
     archs = _archs(cfg)
     if method == "eagle":
-        inner = cfg["model"] if isinstance(cfg.get("model"), dict) else cfg
+        from ..eagle.published import eagle1_options
+
+        options = eagle1_options(cfg, names)  # what load_eagle1 builds
+        inner = options["cfg"]
         if "EAGLEModel" in archs:
             parts.append("EAGLE-1, vLLM's conversion")
-        elif cfg.get("model_type") == "eagle":
+        elif options["vllm"]:
             parts.append("EAGLE-1, vLLM's conversion script")
         else:
             parts.append("EAGLE-1, the EAGLE authors' layout")
-        if inner.get("qkv_bias") or inner.get("attention_bias") or inner.get("model_type") == "qwen2" or \
-                any(n.endswith("self_attn.q_proj.bias") for n in names):
+        if options["qkv_bias"]:
             parts.append("q/k/v biases")
-        if inner.get("add_para_norm") or "enorm.weight" in names:
+        if options["para_norm"]:
             parts.append("HASS norms")
         truncated = cfg.get("truncated_vocab_size")
         if isinstance(truncated, int) and truncated < int(inner.get("vocab_size") or truncated):
@@ -108,12 +110,9 @@ def _variant(folder: Path, method: str) -> str:
         parts += [flag for flag in ("norm_before_residual", "norm_before_fc") if cfg.get(flag)]
         if cfg.get("target_hidden_size"):
             parts.append(f"target_hidden_size {cfg['target_hidden_size']}")
-        nested = cfg["eagle_config"] if isinstance(cfg.get("eagle_config"), dict) else {}
-        ids = nested.get("eagle_aux_hidden_state_layer_ids", cfg.get("eagle_aux_hidden_state_layer_ids"))
+        ids = _explicit_layer_ids(cfg)
         if isinstance(ids, list) and ids:
-            convention = "output-of-layer ids, read +1" if ids[0] == 1 and "trained_by" not in (
-                cfg.get("spec_decode") or {}) else "layer ids"
-            parts.append(f"{convention} {ids}")
+            parts.append(f"{'output-of-layer ids, read +1' if _output_of_layer(cfg, ids) else 'layer ids'} {ids}")
     elif method == "medusa":
         if "MedusaModel" in archs or cfg.get("model_type") == "medusa":
             parts.append("Medusa, vLLM's conversion")
@@ -185,6 +184,19 @@ def served_heads(value: str) -> dict[str, Path]:
     return out
 
 
+def _explicit_layer_ids(cfg: dict[str, Any]) -> Any:
+    """An EAGLE-3 config's ``eagle_config.eagle_aux_hidden_state_layer_ids`` (or the same key at its top), as written;
+    None when absent."""
+    nested: dict[str, Any] = cfg["eagle_config"] if isinstance(cfg.get("eagle_config"), dict) else {}
+    return nested.get("eagle_aux_hidden_state_layer_ids", cfg.get("eagle_aux_hidden_state_layer_ids"))
+
+
+def _output_of_layer(cfg: dict[str, Any], ids: list) -> bool:
+    """Whether explicit layer ids are in the output-of-layer convention (SGLang PR #25454: the first id is 1), for a
+    head not trained here (``spec_decode.trained_by``: those name layer inputs)."""
+    return bool(ids) and ids[0] == 1 and "trained_by" not in (cfg.get("spec_decode") or {})
+
+
 def eagle3_layer_ids(cfg: dict[str, Any], num_layers: int, file: Path | str = CONFIG_FILE) -> list[int]:
     """The target layers whose inputs an EAGLE-3 head reads, in its ``fc``'s order: ``eagle_config.
     eagle_aux_hidden_state_layer_ids`` (or the same key at the top of its config) when given, else layers 2, L // 2
@@ -199,12 +211,11 @@ def eagle3_layer_ids(cfg: dict[str, Any], num_layers: int, file: Path | str = CO
     Raises:
         SpeculatorLoadError: ids that are not integers in [0, L] (a target too shallow for the default ones).
     """
-    nested: dict[str, Any] = cfg["eagle_config"] if isinstance(cfg.get("eagle_config"), dict) else {}
-    ids = nested.get("eagle_aux_hidden_state_layer_ids", cfg.get("eagle_aux_hidden_state_layer_ids"))
+    ids = _explicit_layer_ids(cfg)
     if ids is None:
         ids = [2, num_layers // 2, num_layers - 3]
-    elif isinstance(ids, list) and ids and ids[0] == 1 and "trained_by" not in (cfg.get("spec_decode") or {}):
-        ids = [i + 1 if isinstance(i, int) else i for i in ids]  # the output-of-layer convention
+    elif isinstance(ids, list) and _output_of_layer(cfg, ids):
+        ids = [i + 1 if isinstance(i, int) else i for i in ids]
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and 0 <= i <= num_layers for i in ids):
         raise SpeculatorLoadError(file, "eagle_aux_hidden_state_layer_ids",
                                   f"must be layer ids in [0, {num_layers}] (the target has {num_layers} layers; "
