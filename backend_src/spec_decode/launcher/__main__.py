@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.api_key:
             ap.error(f"--api-key-file {str(args.api_key_file)!r} is empty")
 
-    if not args.model or args.model.strip().lower() == "default":  # another target needs no embedded model
+    embedded = not args.model or args.model.strip().lower() == "default"  # the embedded target, its draft and head
+    if embedded:  # another target needs no embedded model
         prepare_default_model()
 
     # kill, systemd, supervisors: stop tritonserver too, as Ctrl-C does
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  args.kv_cache_max_tokens)
         except (ValueError, FileNotFoundError) as e:
             ap.error(str(e))
-        if not args.model or args.model.strip().lower() == "default":  # the embedded target keeps its draft and head
+        if embedded:  # the embedded target keeps its draft and head
             overrides["draft_model"] = {k: v for k, v in overrides["draft_model"].items()
                                         if k not in ("draft_model_path", "speculator_path")}
         served_names = served_names or (name,)
@@ -121,8 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--speculator / SPECULATORS: no such folder: {', '.join(missing)} (give a speculator folder: "
                      f"config.json and its weights; docs/speculators.md)")
         # the head make speculator trains ("auto") is the embedded target's: not beside another model
-        own = [] if args.model and args.model.strip().lower() != "default" else ["auto"]
-        overrides.setdefault("draft_model", {})["speculator_path"] = ",".join([*own, *paths])
+        overrides.setdefault("draft_model", {})["speculator_path"] = ",".join([*(["auto"] if embedded else []), *paths])
     repo = prepare_repository(overrides, args.model_repository)
     server = TritonServer(repo, args.http_port, args.grpc_port, args.metrics_port, log_verbose=args.log_verbose,
                           host=args.host)
