@@ -218,11 +218,10 @@ def write_medusa(folder: Path, llama: dict[str, int], lm_head: torch.Tensor, lay
             state[f"blocks.{i}.layers.0.weight"], state[f"blocks.{i}.layers.0.bias"] = w, b
     if layout == "full":  # the heads inside a full model's second shard
         folder = Path(folder)
-        base = {"model.norm.weight": torch.ones(h)}
-        _write(folder, {}, base, "model-00001-of-00002.safetensors")
-        _write(folder, {}, {f"medusa_head.{k}": t for k, t in state.items()}, "model-00002-of-00002.safetensors")
-        shards = {"model-00001-of-00002.safetensors": base,
+        shards = {"model-00001-of-00002.safetensors": {"model.norm.weight": torch.ones(h)},
                   "model-00002-of-00002.safetensors": {f"medusa_head.{k}": t for k, t in state.items()}}
+        for name, part in shards.items():
+            _write(folder, {}, part, name)  # its config.json is written below
         index = {"metadata": {}, "weight_map": {k: f for f, part in shards.items() for k in part}}
         (folder / "model.safetensors.index.json").write_text(json.dumps(index))
         cfg_full = _llama_config(llama, medusa_num_heads=n, medusa_num_layers=1)
