@@ -15,17 +15,26 @@ def _batching(server, model):
             value(s, "nv_inference_exec_count", model=model, version="1"))
 
 
+def _settle(server, models, before, rise, timeout=10.0):
+    """Wait (up to timeout s) until each model's nv_inference_count has risen by its `rise` over `before`: a sequence's
+    release is sent just after its final response, and an ensemble's count moves only once its last step is done."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(_batching(server, m)[0] - b >= r for m, b, r in zip(models, before, rise)):
+            return
+        time.sleep(0.05)
+
+
 def test_concurrent_streams_step_in_rounds_that_share_one_target_forward(server):
     """4 greedy streams of equal length started together: (almost) every target execute holds all 4 sequences (one
     batched request per round), and each output equals the same request run alone."""
     prompts = humaneval_prompts(4)
     kw = dict(speculative_method="none", ignore_eos=True)
-    before_solo = _batching(server, "target_model")[0]
+    settled = ("target_model", "spec_step")
+    before_solo = [_batching(server, m)[0] for m in settled]
     solo = [stream_generate(server.grpc_url, p, 24, **kw).output_ids for p in prompts]
-    # each solo run's release is sent just after its final response: let the last one land before counting
-    deadline = time.monotonic() + 10
-    while _batching(server, "target_model")[0] - before_solo < 4 * 24 + 4 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    # let the last solo release land (spec_step counts it once its verifier is done) before counting
+    _settle(server, settled, before_solo, (4 * 24 + 4, 4))
     results = [None] * 4
     go = threading.Barrier(4)
 
@@ -43,9 +52,7 @@ def test_concurrent_streams_step_in_rounds_that_share_one_target_forward(server)
         t.join(600)
     assert results == solo
     # one step per token per sequence, plus each sequence's release (sent just after its final response)
-    deadline = time.monotonic() + 10
-    while _batching(server, "target_model")[0] - c0 < 4 * 24 + 4 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _settle(server, settled, (c0, g0[0]), (4 * 24 + 4, 4))
     (c1, e1), g1 = _batching(server, "target_model"), counts()
     # greedy steps without drafts or log-probs go to target_model alone (no draft_model or verifier hop); the releases
     # go through spec_step (draft_model, target_model, verifier)
