@@ -1,6 +1,7 @@
 """Against a real tritonserver (fixture ``server``), through tritonclient as users do, on the real embedded model."""
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -23,8 +24,14 @@ def test_the_server_offers_every_registered_method(server):
 
 @pytest.mark.parametrize("method", METHODS)  # every registered proposer (the session's server serves them all)
 def test_greedy_output_equals_target_greedy(server, greedy_references, method):
-    for prompt, ref in greedy_references:
-        r = stream_generate(server.grpc_url, prompt, N_TOKENS, speculative_method=method, num_draft_tokens=4)
+    """The 5 prompts as 5 concurrent streams (lockstep rounds batch them into one forward per round): each output is
+    the target's own greedy output. Every method solo, at k 1, 4 and 8: tests/integration/test_stops.py; every head
+    solo: tests/integration/test_speculators.py."""
+    with ThreadPoolExecutor(len(greedy_references)) as pool:
+        runs = [pool.submit(stream_generate, server.grpc_url, prompt, N_TOKENS, speculative_method=method,
+                            num_draft_tokens=4) for prompt, _ in greedy_references]
+        results = [f.result(timeout=600) for f in runs]
+    for (prompt, ref), r in zip(greedy_references, results):
         assert r.output_ids == ref, (method, prompt[:60])
         assert r.stats["num_emitted_tokens"] == len(ref)
         if method == "none":
@@ -209,10 +216,8 @@ def test_cancelled_stream_leaves_server_serving(server):
 def test_disable_by_batch_size_turns_speculation_off(tmp_path, greedy_references, server):
     """A server with disable_by_batch_size=1: every running request reaches the threshold, so no step drafts; and a
     seeded sampled request gives there the tokens it gives on the default server (fixture ``server``) with every
-    method at k = 1 and 4, alone and beside three other streams: the coupled race (docs/verifier.md) makes a seeded
-    request's output independent of the drafts, k and the load."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    method at k = 1 and 4, four streams at a time, and beside three other streams: the coupled race (docs/verifier.md)
+    makes a seeded request's output independent of the drafts, k and the load."""
     from spec_decode.launcher import TritonServer, prepare_repository
 
     repo = prepare_repository({"generate": {"disable_by_batch_size": "1"}})
@@ -225,10 +230,13 @@ def test_disable_by_batch_size_turns_speculation_off(tmp_path, greedy_references
         seeded = dict(temperature=0.8, random_seed=24)
         alone = stream_generate(srv.grpc_url, prompt, 32, speculative_method="suffix", **seeded)
         assert alone.stats["num_draft_tokens_total"] == 0 and len(alone.output_ids) >= 8
-    for method in METHODS:
-        for k in (1, 4):
-            r = stream_generate(server.grpc_url, prompt, 32, speculative_method=method, num_draft_tokens=k, **seeded)
-            assert r.output_ids == alone.output_ids, (method, k)
+    # every method at k 1 and 4, four streams at a time (each also beside three others of different drafts)
+    cases = [(method, k) for method in METHODS for k in (1, 4)]
+    with ThreadPoolExecutor(4) as pool:
+        runs = [pool.submit(stream_generate, server.grpc_url, prompt, 32, speculative_method=method,
+                            num_draft_tokens=k, **seeded) for method, k in cases]
+        for (method, k), f in zip(cases, runs):
+            assert f.result(timeout=600).output_ids == alone.output_ids, (method, k)
     with ThreadPoolExecutor(4) as pool:  # under load: three other streams in the same rounds
         others = [pool.submit(stream_generate, server.grpc_url, p, 48, speculative_method="ngram", ignore_eos=True)
                   for p, _ in greedy_references[1:4]]
