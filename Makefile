@@ -5,7 +5,7 @@
 #               (cached under ~/.cache/spec_decode; served when present); each tool within 15 minutes on 2 cores;
 #               both do nothing when their folder exists (retrain: python -m spec_decode.training.speculator --fresh)
 # make test   - set everything up (first time), lint, and run the test suite (unit + integration against a real
-#               tritonserver)
+#               tritonserver) in two pytest-xdist workers, a test file per worker at a time
 # make test-unit - the unit tests alone (no tritonserver; a few minutes); make lint - ruff and mypy alone
 # make bench  - the serving suite (perf_analyzer at concurrency 1-8 per method; AIPerf at 1 and 8 through Triton's
 #               generate extension and the OpenAI frontend's /v1/completions and /v1/chat/completions;
@@ -57,11 +57,17 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# Two workers (pytest-xdist; TEST_WORKERS=0 runs in one process), each taking whole files (--dist loadfile: a file's
+# module-scoped server starts once); each worker starts the session's server of tests/conftest.py.
+# CONTRIBUTING.md#running-them has the timings.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -v --timeout=900 -n $(TEST_WORKERS) --dist loadfile
+
 test: lint
-	$(PY) -m pytest tests -v --timeout=900
+	$(PYTEST) tests
 
 test-unit: lint
-	$(PY) -m pytest tests/unit -v --timeout=900
+	$(PYTEST) tests/unit
 
 bench: $(STAMP)
 	bash scripts/setup_bench.sh

@@ -7,6 +7,13 @@ import os
 # The verifier's Triton kernels run on CPU tensors under the interpreter; it must be set before they are defined.
 # (The sm_90 compile check runs in a subprocess without it.)
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# Two pytest workers share this machine's cores (Makefile: pytest -n 2). Torch's OpenMP threads, and those of every
+# server process started here (they inherit the environment), sleep when idle instead of spinning, which would take
+# the other worker's core for nothing; under the workers, each process computes on one thread (two processes' thread
+# pairs on two cores wait on each other at every parallel region). Set before torch is imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -142,14 +149,17 @@ def _running_server(repo, log):
 @pytest.fixture(scope="session")
 def tiny_eagle(tmp_path_factory, teacher_cache, real_model_dir):
     """An EAGLE-3 head of the embedded target (method ``eagle3``), trained by the tool at a tiny size (seconds; it
-    drafts little, which is all the tests need: the output must be the target's whatever the drafts)."""
+    drafts little, which is all the tests need: the output must be the target's whatever the drafts); trained once
+    per test run (:func:`tests.helpers.built_once`)."""
     from spec_decode.training.speculator import main
+    from tests.helpers import built_once
 
-    out = tmp_path_factory.mktemp("eagle") / "eagle"
-    assert main(["--output", str(out), "--teacher-cache", str(teacher_cache), "--eval-prompts", "1", "--eval-tokens",
-                 "8", "--stdlib-tokens", "400", "--humaneval-tasks", "3", "--seq-len", "64", "--steps",
-                 "20", "--batch-size", "4", "--draft-vocab", "2048"]) == 0
-    return out
+    def train(out):
+        assert main(["--output", str(out), "--teacher-cache", str(teacher_cache), "--eval-prompts", "1",
+                     "--eval-tokens", "8", "--stdlib-tokens", "400", "--humaneval-tasks", "3", "--seq-len", "64",
+                     "--steps", "20", "--batch-size", "4", "--draft-vocab", "2048"]) == 0
+
+    return built_once(tmp_path_factory, "eagle", train)
 
 
 @pytest.fixture(scope="session")

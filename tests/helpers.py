@@ -1,4 +1,9 @@
-"""Helpers shared by the unit tests."""
+"""Helpers shared by the tests."""
+
+import fcntl
+import os
+import shutil
+from pathlib import Path
 
 import numpy as np
 
@@ -176,3 +181,22 @@ def plain_stop_cut(tokenizer, prompt_ids, ids, stop_words, min_tokens):
         if hits:
             return n, text[: min(hits)]
     return None
+
+
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """The folder ``name``, filled by ``build(folder)`` once per test run. Under pytest-xdist (``make test`` runs two
+    workers) the first worker to ask builds it in the workers' common temporary folder while the others wait on a
+    lock, then all read it; in a single process it is this process's own temporary folder."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        folder = tmp_path_factory.mktemp(name) / name
+        build(folder)
+        return folder
+    root = tmp_path_factory.getbasetemp().parent  # pytest-<n>/, shared by this run's workers
+    folder, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            build(folder)
+            done.touch()
+    return folder
