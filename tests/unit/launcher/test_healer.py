@@ -20,8 +20,19 @@ SLEEPER = "import time; time.sleep(120)"
 
 
 def _fake_stub(repo: Path, model: str, instance: str) -> subprocess.Popen:
-    """A child whose command line carries a model.py path under ``repo`` and an instance name, as the backend's."""
-    return subprocess.Popen([sys.executable, "-c", SLEEPER, f"{repo}/{model}/1/model.py", "shm_region", instance])
+    """A child whose command line carries a model.py path under ``repo`` and an instance name, as the backend's;
+    returned once that command line is in /proc (Triton's load returns once its stub runs: until the child has
+    exec'd, /proc shows the parent's command line, and on a loaded machine the healer looked in between)."""
+    proc = subprocess.Popen([sys.executable, "-c", SLEEPER, f"{repo}/{model}/1/model.py", "shm_region", instance])
+    _wait_for(lambda: instance.encode() in _cmdline(proc.pid))
+    return proc
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def _wait_for(cond, timeout=10.0):
