@@ -46,15 +46,17 @@ def value(samples: dict[tuple, float], name: str, **labels: str) -> float:
     return samples.get((name, key), samples.get((name + "_total", key), 0.0))
 
 
-def wait_for(url: str, predicate, timeout_s: float = 30.0, interval_s: float = 0.1) -> dict[tuple, float]:
-    """Scrape until ``predicate(samples)`` holds; returns those samples.
+def wait_for(url: str, predicate, timeout_s: float = 30.0, interval_s: float = 0.1,
+             prefix: str = "spec_decode_") -> dict[tuple, float]:
+    """Scrape (the samples whose name starts with ``prefix``, as :func:`scrape`) until ``predicate(samples)`` holds;
+    returns those samples.
 
     Raises:
         TimeoutError: it did not hold within ``timeout_s`` (the message has the last samples).
     """
     deadline = time.monotonic() + timeout_s
     while True:
-        samples = scrape(url)
+        samples = scrape(url, prefix)
         if predicate(samples):
             return samples
         if time.monotonic() > deadline:

@@ -2,11 +2,10 @@
 outputs stay those of solo runs, and the benchmark suite's perf_analyzer run works against generate."""
 
 import threading
-import time
 
 from client.datasets import humaneval_prompts
 from client.generate import stream_generate
-from client.metrics import scrape, value
+from client.metrics import scrape, value, wait_for
 
 
 def _batching(server, model):
@@ -15,14 +14,13 @@ def _batching(server, model):
             value(s, "nv_inference_exec_count", model=model, version="1"))
 
 
-def _settle(server, models, before, rise, timeout=10.0):
-    """Wait (up to timeout s) until each model's nv_inference_count has risen by its `rise` over `before`: a sequence's
-    release is sent just after its final response, and an ensemble's count moves only once its last step is done."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all(_batching(server, m)[0] - b >= r for m, b, r in zip(models, before, rise)):
-            return
-        time.sleep(0.05)
+def _settle(server, models, before, rise):
+    """Wait (client.metrics.wait_for, 10 s) until each model's nv_inference_count has risen by its `rise` over
+    `before`: a sequence's release is sent just after its final response, and an ensemble's count moves only once its
+    last step is done."""
+    wait_for(server.metrics_url, lambda s: all(value(s, "nv_inference_count", model=m, version="1") - b >= r
+                                               for m, b, r in zip(models, before, rise)),
+             timeout_s=10, prefix="nv_inference_")
 
 
 def test_concurrent_streams_step_in_rounds_that_share_one_target_forward(server):
