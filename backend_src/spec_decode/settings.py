@@ -207,6 +207,7 @@ class LMSettings(ConfigSettings):
     gpu_memory_utilization: float = 0.9
 
     DTYPES: ClassVar[tuple[str, ...]] = ("auto", "float32", "float16", "bfloat16")
+    MIN_KV_CACHE_TOKENS: ClassVar[int] = 1024  # the smallest kv_cache_max_tokens (and pool sized from memory)
 
     def check(self) -> None:
         """dtype one of :attr:`DTYPES`, max_sequences >= 1, kv_cache_max_tokens 0 or >= 1024, cuda_graphs auto or off,
@@ -215,7 +216,8 @@ class LMSettings(ConfigSettings):
         self._choice("cuda_graphs", ("auto", "off"))
         in_range("max_sequences", self.max_sequences, 1)
         if self.kv_cache_max_tokens != 0:
-            in_range("kv_cache_max_tokens", self.kv_cache_max_tokens, 1024, None, " (0 = from the device's memory)")
+            in_range("kv_cache_max_tokens", self.kv_cache_max_tokens, self.MIN_KV_CACHE_TOKENS, None,
+                     " (0 = from the device's memory)")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise InvalidInputError("gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}")
         d = self.device.strip().lower()

@@ -20,6 +20,7 @@ import os
 
 import torch
 
+from ..settings import LMSettings
 from .pages import TRASH_PAGE
 
 
@@ -55,7 +56,7 @@ def pool_tokens(max_tokens: int, bytes_per_token: int, device: torch.device, gpu
         free, total = torch.cuda.mem_get_info(device)
         room = int(total * gpu_memory_utilization) - (total - free)
         fit = max(0, room // bytes_per_token)
-        if max_tokens and max_tokens > fit or not max_tokens and fit < 1024:
+        if max_tokens and max_tokens > fit or not max_tokens and fit < LMSettings.MIN_KV_CACHE_TOKENS:
             raise ValueError(f"kv_cache_max_tokens={max_tokens} ({bytes_per_token} bytes a token) does not fit in "
                              f"gpu_memory_utilization={gpu_memory_utilization} of the GPU's {total / 2**30:.1f} GiB "
                              f"({(total - free) / 2**30:.1f} GiB in use): at most {fit} tokens")
@@ -63,7 +64,7 @@ def pool_tokens(max_tokens: int, bytes_per_token: int, device: torch.device, gpu
     if max_tokens:
         return max_tokens
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return max(1024, int(memory * CPU_AUTO_FRACTION) // bytes_per_token)
+    return max(LMSettings.MIN_KV_CACHE_TOKENS, int(memory * CPU_AUTO_FRACTION) // bytes_per_token)
 
 
 def read_slots(block_table: torch.Tensor, lengths: torch.Tensor, page_size: int,

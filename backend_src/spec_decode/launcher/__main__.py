@@ -21,10 +21,12 @@ from typing import NoReturn
 
 from ..engine.model_loading import prepare_default_model
 from .frontend import OpenAIFrontend, tokenizer_path
+from .processes import port_problems
 from .repository import (
     DEFAULT_REPOSITORY,
     DEVICES,
     DTYPES,
+    check_flag_values,
     draft_overrides,
     model_overrides,
     prepare_repository,
@@ -90,6 +92,18 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--api-key-file {str(args.api_key_file)!r}: {e.strerror or e}")
         if not args.api_key:
             ap.error(f"--api-key-file {str(args.api_key_file)!r} is empty")
+
+    ports = {"--http-port / HTTP_PORT": args.http_port, "--grpc-port / GRPC_PORT": args.grpc_port,
+             "--metrics-port / METRICS_PORT": args.metrics_port}
+    if not args.no_openai:
+        ports["--openai-port / OPENAI_PORT"] = args.openai_port
+    clashes = port_problems(ports, args.host)
+    if clashes:  # before anything starts: tritonserver or the frontend would fail later, after the model loads
+        ap.error("; ".join(clashes))
+    try:
+        check_flag_values(args.dtype, args.device, args.max_model_len, args.kv_cache_max_tokens)
+    except ValueError as e:
+        ap.error(str(e))
 
     embedded = not args.model or args.model.strip().lower() == "default"  # the embedded target, its draft and head
     if embedded:  # another target needs no embedded model

@@ -175,3 +175,39 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def port_problems(ports: dict[str, int], host: str) -> list[str]:
+    """What stops the servers from listening on ``ports`` at ``host``, checked before anything starts: a value that
+    is no TCP port, two endpoints on one port (tritonserver, or it and the OpenAI frontend, would fail to bind one), a
+    port that something already listens on.
+
+    Args:
+        ports: what each port is for (e.g. ``"--http-port / HTTP_PORT"``) -> the port.
+        host: the address the servers listen on (``0.0.0.0``, ``127.0.0.1``, ``::``, a name).
+
+    Returns:
+        One sentence per problem, naming the setting and the port; empty when every port is free. A port is probed by
+        binding it as the servers will (``SO_REUSEADDR``, as tritonserver and uvicorn do, so a port a closed server
+        left in TIME_WAIT counts as free); something may still take it before the servers start.
+    """
+    problems: list[str] = []
+    seen: dict[int, str] = {}
+    for name, port in ports.items():
+        if not 0 < port < 65536:
+            problems.append(f"{name} {port} is not a TCP port (1-65535)")
+        elif port in seen:
+            problems.append(f"{name} {port} is also {seen[port]}: give each endpoint its own port")
+        else:
+            seen[port] = name
+    for port, name in seen.items():
+        try:
+            family, kind, proto, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                                 flags=socket.AI_PASSIVE)[0]
+            with socket.socket(family, kind, proto) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind(address)
+        except OSError as e:
+            problems.append(f"{name} {port} cannot be used on {host}: {e.strerror or e} (another server on it? choose "
+                            f"another port)")
+    return problems

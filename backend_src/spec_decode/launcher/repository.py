@@ -66,6 +66,26 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")  # --dtype
 DEVICES = ("auto", "cpu", "cuda")  # --device
 
 
+def check_flag_values(dtype: str = "", device: str = "", max_model_len: int = 0, kv_cache_max_tokens: int = 0) -> None:
+    """The launcher's ``--dtype``, ``--device``, ``--max-model-len`` and ``--kv-cache-max-tokens`` checked on their
+    own (no model read), as the models' settings will check them (0 or "": the config's value).
+
+    Raises:
+        ValueError: naming the flag, its value and the allowed values.
+    """
+    from ..settings import LMSettings
+
+    if dtype and dtype not in DTYPES:
+        raise ValueError(f"--dtype {dtype!r}: one of {', '.join(DTYPES)}")
+    if device and device not in DEVICES:
+        raise ValueError(f"--device {device!r}: one of {', '.join(DEVICES)}")
+    if max_model_len and max_model_len < 2:
+        raise ValueError(f"--max-model-len {max_model_len}: at least 2 (a prompt token and one generated)")
+    if kv_cache_max_tokens and kv_cache_max_tokens < LMSettings.MIN_KV_CACHE_TOKENS:
+        raise ValueError(f"--kv-cache-max-tokens {kv_cache_max_tokens}: at least {LMSettings.MIN_KV_CACHE_TOKENS} "
+                         f"(target_model's smallest KV pool), or 0 for target_model's config")
+
+
 def model_overrides(model: str, dtype: str = "", device: str = "", max_model_len: int = 0,
                     kv_cache_max_tokens: int = 0) -> tuple[dict[str, dict[str, str]], Path, str]:
     """Config overrides (for :func:`prepare_repository`) that serve ``model`` as the target: its ``model_path``
@@ -94,14 +114,7 @@ def model_overrides(model: str, dtype: str = "", device: str = "", max_model_len
     """
     from ..engine.model_loading import check_servable, is_hub_id, resolve_model_path
 
-    if dtype and dtype not in DTYPES:
-        raise ValueError(f"--dtype {dtype!r}: one of {', '.join(DTYPES)}")
-    if device and device not in DEVICES:
-        raise ValueError(f"--device {device!r}: one of {', '.join(DEVICES)}")
-    if max_model_len and max_model_len < 2:
-        raise ValueError(f"--max-model-len {max_model_len}: at least 2 (a prompt token and one generated)")
-    if kv_cache_max_tokens and kv_cache_max_tokens < 16:
-        raise ValueError(f"--kv-cache-max-tokens {kv_cache_max_tokens}: at least 16 (one page)")
+    check_flag_values(dtype, device, max_model_len, kv_cache_max_tokens)
     folder = resolve_model_path(model)
     if folder is None:
         raise ValueError(f"--model {model!r} names no model")

@@ -65,7 +65,8 @@ def test_model_overrides_set_the_target_the_tokenizers_and_the_name(cache, tiny_
     (dict(dtype="float64"), "--dtype 'float64': one of auto, float32, bfloat16, float16"),
     (dict(device="tpu"), "--device 'tpu': one of auto, cpu, cuda"),
     (dict(max_model_len=1), "--max-model-len 1: at least 2"),
-    (dict(kv_cache_max_tokens=8), "--kv-cache-max-tokens 8: at least 16"),
+    (dict(kv_cache_max_tokens=8), "--kv-cache-max-tokens 8: at least 1024"),
+    (dict(kv_cache_max_tokens=1023), "--kv-cache-max-tokens 1023: at least 1024 (target_model's smallest KV pool)"),
 ])
 def test_bad_values_are_refused_naming_the_flag(tiny_folder, args, match):
     with pytest.raises(ValueError, match=match.replace("(", r"\(").replace(")", r"\)")):

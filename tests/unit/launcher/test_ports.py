@@ -1,0 +1,61 @@
+"""The launcher checks its four ports before anything starts (spec_decode.launcher.processes.port_problems): two
+endpoints on one port, a port something listens on, a value that is no port; each named by its flag and variable."""
+
+import socket
+
+import pytest
+
+from spec_decode.launcher import __main__ as launcher
+from spec_decode.launcher.processes import free_ports, port_problems
+
+
+def test_free_distinct_ports_pass():
+    ports = free_ports(4)
+    assert port_problems(dict(zip("abcd", ports)), "127.0.0.1") == []
+
+
+def test_two_endpoints_on_one_port_are_named():
+    p = free_ports(1)[0]
+    problems = port_problems({"--http-port / HTTP_PORT": p, "--openai-port / OPENAI_PORT": p}, "127.0.0.1")
+    assert problems == [f"--openai-port / OPENAI_PORT {p} is also --http-port / HTTP_PORT: give each endpoint its "
+                        f"own port"]
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_a_port_something_listens_on_is_named(host):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        (problem,) = port_problems({"--grpc-port / GRPC_PORT": taken}, host)
+    assert problem.startswith(f"--grpc-port / GRPC_PORT {taken} cannot be used on {host}: Address already in use")
+
+
+def test_a_value_that_is_no_port_is_named():
+    assert port_problems({"--metrics-port / METRICS_PORT": 70000}, "127.0.0.1") == [
+        "--metrics-port / METRICS_PORT 70000 is not a TCP port (1-65535)"]
+
+
+def test_the_launcher_refuses_a_clash_before_it_starts_anything(monkeypatch, capsys):
+    """The scale-out example that once collided: HTTP on 9000 beside the OpenAI frontend's default 9000. Nothing is
+    prepared or started (the model's conversion and tritonserver would come first)."""
+    def started(*args, **kwargs):
+        raise AssertionError("the launcher started something before refusing its ports")
+
+    monkeypatch.setattr(launcher, "prepare_default_model", started)
+    monkeypatch.setattr(launcher.TritonServer, "start", started)
+    for var in ("HTTP_PORT", "GRPC_PORT", "METRICS_PORT", "OPENAI_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    http, grpc, metrics = free_ports(3)
+    with pytest.raises(SystemExit) as e:
+        launcher.main(["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+                       "--openai-port", str(http)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--openai-port / OPENAI_PORT {http} is also --http-port / HTTP_PORT" in err, err
+    # --no-openai: the frontend's port is not the launcher's to check
+    with pytest.raises(SystemExit):
+        launcher.main(["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+                       "--openai-port", str(http), "--no-openai", "--kv-cache-max-tokens", "16"])
+    error = capsys.readouterr().err.strip().splitlines()[-1]  # after argparse's usage lines
+    assert "OPENAI_PORT" not in error and "--kv-cache-max-tokens 16: at least 1024" in error, error
