@@ -1,7 +1,7 @@
 # make serve  - set everything up (first time) and serve the model repository on the embedded default model
 # make draft  - distil the draft LM from the target on the standard library's code and HumanEval's training tasks
 #               (cached under ~/.cache/spec_decode; served when present; see docs/trained-proposers.md)
-# make speculator - train the EAGLE head (speculative_method=eagle) on the same data from the target's hidden states
+# make speculator - train the EAGLE-3 head (speculative_method=eagle3) on the same data from the target's hidden states
 #               (cached under ~/.cache/spec_decode; served when present); each tool within 15 minutes on 2 cores;
 #               both do nothing when their folder exists (retrain: python -m spec_decode.training.speculator --fresh)
 # make test   - set everything up (first time), lint, and run the test suite (unit + integration against a real
@@ -35,7 +35,7 @@ export HTTP_PORT GRPC_PORT METRICS_PORT OPENAI_PORT
 
 .PHONY: setup serve draft speculator lint test test-unit bench bench-serving bench-verifier gpu-check client clean
 
-$(STAMP): requirements.txt requirements-nodeps.txt requirements-deploy.txt pyproject.toml scripts/setup.sh scripts/build_suffix_tree.sh
+$(STAMP): requirements.txt requirements-serve.txt requirements-nodeps.txt requirements-deploy.txt pyproject.toml scripts/setup.sh scripts/build_suffix_tree.sh
 	bash scripts/setup.sh
 	touch $(STAMP)
 

@@ -14,6 +14,8 @@ with its per-prompt table), saves JSON and a PNG plot (tokens/s and mean tokens 
 Ratios are measured in the same run (the machine is shared and noisy).
 ``draft`` (and hybrid's fallback) needs a draft LM: ``--draft-model`` / ``DRAFT_MODEL``; without one, draft is skipped
 and hybrid falls back to n-gram lookup. By default the distilled draft of ``make draft`` is used when it exists.
+``--methods`` names registered methods and ``auto``: an unknown one, or one that cannot run here (draft without a
+draft LM, a head's method without that head), is refused with the allowed ones.
 """
 
 from __future__ import annotations
@@ -326,6 +328,38 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def parse_methods(ap: argparse.ArgumentParser, value: str | None, known: tuple[str, ...],
+                  unavailable: dict[str, str]) -> list[str]:
+    """The methods to run from ``--methods``.
+
+    Args:
+        ap: the parser whose ``error`` refuses a bad list (exit status 2, naming the methods at fault and the allowed
+            ones).
+        value: ``--methods`` as given (comma-separated), or None: every method of ``known`` that can run here (those
+            of ``unavailable`` skipped, each with a printed line saying why).
+        known: every method a request may name (``proposers.registry.METHODS`` and ``auto``).
+        unavailable: method -> why it cannot run here (no draft LM, no head of that method).
+
+    Returns:
+        The methods in the order given.
+    """
+    if value is None:
+        for m, why in unavailable.items():
+            print(f"{why}: skipping speculative_method={m}", flush=True)
+        return [m for m in known if m not in unavailable]
+    methods = [m.strip() for m in value.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in known]
+    if unknown:
+        ap.error(f"--methods: unknown method(s) {', '.join(unknown)}; allowed: {', '.join(known)}")
+    blocked = [m for m in methods if m in unavailable]
+    if blocked:
+        ap.error(f"--methods: cannot run {'; '.join(f'{m} ({unavailable[m]})' for m in blocked)}; allowed here: "
+                 f"{', '.join(m for m in known if m not in unavailable)}")
+    if not methods:
+        ap.error(f"--methods: no method given; allowed: {', '.join(known)}")
+    return methods
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print the table, save JSON and the PNG plot."""
     import os
@@ -340,11 +374,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=20, help="held-out HumanEval prompts 0..N-1 (default 20)")
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--methods", default=",".join((*METHODS, "auto")),
-                    help="methods, a fresh server each (default: every registered one, %(default)s; draft and eagle3 "
-                         "only when built, the other heads (eagle, medusa, mlp_speculator, arctic) only when "
-                         "draft_model.speculator_path names one (--set); hybrid falls back to the EAGLE-3 head when "
-                         "there is one, else n-gram lookup)")
+    known = (*METHODS, "auto")
+    ap.add_argument("--methods",
+                    help=f"comma-separated methods, a fresh server each, of {', '.join(known)} (default: every one "
+                         "that can run here: draft and eagle3 only when built, the other heads (eagle, medusa, "
+                         "mlp_speculator, arctic) only when draft_model.speculator_path names one (--set); a method "
+                         "named here that cannot run is refused; hybrid falls back to the EAGLE-3 head when there is "
+                         "one, else n-gram lookup)")
     ap.add_argument("--passes", type=int, default=2, help="times the prompt set is sent (default 2: repeated workload)")
     ap.add_argument("--num-draft-tokens", type=int, default=4)
     ap.add_argument("--draft-model", default=os.environ.get("DRAFT_MODEL", ""),
@@ -368,27 +404,29 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--set {item!r}: expected MODEL.PARAMETER=VALUE")
         settings.setdefault(model, {})[param] = value
 
-    prompts = humaneval_prompts(args.prompts)
-    concurrent_prompts = humaneval_prompts(40)[20:40]  # HumanEval 20..39, for the concurrency runs
-    methods = args.methods.split(",")
     if not args.draft_model and not args.url:
         from spec_decode.proposers.draft_lm import default_draft_dir, default_draft_ready
 
         if default_draft_ready():
             args.draft_model = str(default_draft_dir())
-    if "draft" in methods and not args.draft_model and not args.url:
-        print("no draft model (--draft-model / DRAFT_MODEL): skipping speculative_method=draft", flush=True)
-        methods.remove("draft")
-    from spec_decode.proposers.speculators import HEAD_METHODS, served_heads
+    from spec_decode.proposers.speculators import HEAD_METHODS, SpeculatorLoadError, served_heads
 
     # the heads draft_model.speculator_path serves ("auto": the EAGLE-3 head of make speculator, when built)
-    heads = served_heads(settings.get("draft_model", {}).get("speculator_path", "auto"))
+    try:
+        heads = served_heads(settings.get("draft_model", {}).get("speculator_path", "auto"))
+    except SpeculatorLoadError as e:
+        ap.error(f"--set draft_model.speculator_path: {e}")
+    unavailable: dict[str, str] = {}  # with --url, the running server decides
+    if not args.url and not args.draft_model:
+        unavailable["draft"] = "no draft model (--draft-model / DRAFT_MODEL, or make draft)"
     for m in HEAD_METHODS:
-        if m in methods and m not in heads and not args.url:
-            why = ("no EAGLE-3 head (make speculator)" if m == "eagle3" else
-                   f"no {m} head in speculator_path (--set draft_model.speculator_path=FOLDER)")
-            print(f"{why}: skipping speculative_method={m}", flush=True)
-            methods.remove(m)
+        if m not in heads and not args.url:
+            unavailable[m] = ("no EAGLE-3 head (make speculator)" if m == "eagle3" else
+                              f"no {m} head in speculator_path (--set draft_model.speculator_path=FOLDER)")
+    methods = parse_methods(ap, args.methods, known, unavailable)
+
+    prompts = humaneval_prompts(args.prompts)
+    concurrent_prompts = humaneval_prompts(40)[20:40]  # HumanEval 20..39, for the concurrency runs
     if "hybrid" in methods and "eagle3" not in heads and not args.url:
         print("hybrid falls back to n-gram lookup (no EAGLE-3 head)", flush=True)
     rows = []

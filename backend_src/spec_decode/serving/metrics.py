@@ -71,12 +71,14 @@ METRICS: dict[str, tuple[str, str]] = {
     "spec_decode_target_kv_cache_tokens": (GAUGE, "Tokens held in the target's KV caches of running sequences"),
     "spec_decode_target_kv_cache_allocated_tokens": (GAUGE, "Positions allocated by the target's KV caches, running "
                                                             "and released ones kept for prefix reuse"),
-    "spec_decode_target_kv_cache_max_tokens": (GAUGE, "The target's kv_cache_max_tokens (0 = no bound)"),
+    "spec_decode_target_kv_cache_max_tokens": (GAUGE, "Positions of the target's paged KV pool (kv_cache_max_tokens, "
+                                                      "or the size chosen from memory when that is 0)"),
     "spec_decode_target_prefix_cache_queries_total": (COUNTER, "Target computations of a full block or more that "
                                                                "looked for a cached prefix"),
     "spec_decode_target_prefix_cache_hits_total": (COUNTER, "Those that reused a cached prefix"),
-    "spec_decode_target_prefix_cache_reused_tokens_total": (COUNTER, "Tokens whose keys and values the target copied "
-                                                                     "from a cached prefix instead of computing them"),
+    "spec_decode_target_prefix_cache_reused_tokens_total": (COUNTER, "Tokens whose keys and values the target reused "
+                                                                     "from a cached prefix's shared pages instead of "
+                                                                     "computing them"),
     "spec_decode_target_prefix_cache_hit_rate": (GAUGE, "Target prefix-cache hits / queries since start"),
     # verifier
     "spec_decode_verify_seconds_total": (COUNTER, "Time the verifier spent verifying (seconds)"),

@@ -131,3 +131,47 @@ def test_make_bench_auto_goals_and_per_prompt_table():
     table = auto_table(rows)
     assert "suffix" in table[0] and table[1].split()[:4] == ["0", "10.0", "20.0", "20.0"]
     assert table[1].endswith("suffix 2 none 1") and table[2].endswith("none 10")
+
+
+def test_client_bench_refuses_an_unknown_method_naming_it_and_the_allowed_ones(capsys):
+    """client.bench's --methods: a name that is no registered method (nor auto) is an argparse error (status 2) naming
+    it and every allowed method, before any server starts or any prompt is read."""
+    from client.bench import main as bench_main
+    from spec_decode.proposers.registry import METHODS
+
+    with pytest.raises(SystemExit) as exit_info:
+        bench_main(["--url", "127.0.0.1:1", "--methods", "none,suffix,eagle-3,hybrid,foo"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--methods: unknown method(s) eagle-3, foo; allowed: " + ", ".join((*METHODS, "auto")) in err
+
+
+
+def test_client_bench_refuses_a_method_it_cannot_run_and_skips_it_by_default(capsys):
+    """A method that cannot run here (no such head, no draft LM) is refused when --methods names it, and only skipped,
+    with a line saying why, when --methods is left at its default."""
+    import argparse
+
+    from client.bench import parse_methods
+
+    ap = argparse.ArgumentParser()
+    known = ("none", "suffix", "eagle", "hybrid", "auto")
+    unavailable = {"eagle": "no eagle head in speculator_path"}
+    with pytest.raises(SystemExit) as exit_info:
+        parse_methods(ap, "none,suffix,eagle,hybrid", known, unavailable)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "cannot run eagle (no eagle head in speculator_path); allowed here: none, suffix, hybrid, auto" in err
+    assert parse_methods(ap, None, known, unavailable) == ["none", "suffix", "hybrid", "auto"]
+    assert "no eagle head in speculator_path: skipping speculative_method=eagle" in capsys.readouterr().out
+    assert parse_methods(ap, " suffix, none", known, unavailable) == ["suffix", "none"]
+
+
+def test_client_bench_refuses_a_head_that_speculator_path_does_not_serve(capsys):
+    """Through main, without --url: ``eagle`` with ``speculator_path`` none is refused before any server starts."""
+    from client.bench import main as bench_main
+
+    with pytest.raises(SystemExit) as exit_info:
+        bench_main(["--methods", "none,eagle", "--set", "draft_model.speculator_path=none"])
+    assert exit_info.value.code == 2
+    assert "cannot run eagle (no eagle head in speculator_path" in capsys.readouterr().err

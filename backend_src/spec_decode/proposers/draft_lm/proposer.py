@@ -71,10 +71,11 @@ class DraftModelProposer(Proposer):
         "spec_decode_draft_kv_cache_tokens": "Tokens held in the draft LM's KV caches of running sequences",
         "spec_decode_draft_kv_cache_allocated_tokens": "Positions allocated by the draft LM's KV caches, running and "
                                                        "released ones kept for prefix reuse",
-        "spec_decode_draft_kv_cache_max_tokens": "The draft LM's kv_cache_max_tokens (0 = no bound)",
+        "spec_decode_draft_kv_cache_max_tokens": "Positions of the draft LM's paged KV pool (kv_cache_max_tokens, or "
+                                                 "the size chosen from memory when that is 0)",
         "spec_decode_draft_prefix_cache_hit_rate": "Draft LM prefix-cache hits / queries since start",
-        "spec_decode_draft_prefix_cache_reused_tokens": "Tokens whose keys and values the draft LM copied from a "
-                                                        "cached prefix since start",
+        "spec_decode_draft_prefix_cache_reused_tokens": "Tokens whose keys and values the draft LM reused from a "
+                                                        "cached prefix's shared pages since start",
     }
 
     def __init__(self, lm: CachedCausalLM, vocab: DraftVocab | None = None, min_token_prob: float = 0.0):
