@@ -24,7 +24,9 @@ down}_proj.weight``, ``norm.weight``, ``lm_head.weight``, ``d2t`` [N] int64, ``t
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -249,6 +251,78 @@ def _speculators_layout(cfg: dict) -> bool:
     return cfg.get("speculators_model_type") == "eagle3" or isinstance(cfg.get("transformer_layer_config"), dict)
 
 
+@dataclass(frozen=True)
+class Eagle3Config:
+    """An EAGLE-3 folder's config as :func:`check_eagle3_config` read it.
+
+    Attributes:
+        top: config.json as read. cfg: the dict holding the sizes (``transformer_layer_config`` in the
+            ``speculators`` library's layout, else ``top``). speculators: whether that layout.
+        hidden: H, the head's width. draft_vocab: N. heads, kv_heads, head_dim, intermediate: its attention and MLP
+            sizes. layer_ids: the target layers ``fc`` reads, in its order (:func:`~spec_decode.proposers.
+            speculators.eagle3_layer_ids`).
+    """
+
+    top: dict[str, Any]
+    cfg: dict[str, Any]
+    speculators: bool
+    hidden: int
+    draft_vocab: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    layer_ids: list[int]
+
+
+def check_eagle3_config(folder: Path, target: TargetInfo) -> Eagle3Config:
+    """An EAGLE-3 folder's ``config.json`` (either layout of :func:`load_eagle3`) checked against the target, without
+    reading its weights: what :func:`load_eagle3` checks first, and the launcher before it starts anything
+    (:func:`~spec_decode.proposers.speculators.check_heads_fit`).
+
+    The target's hidden size is ``target_hidden_size`` when given (a head of another width: vLLM
+    ``llama_eagle3.py``, the ``speculators`` library), else the head's ``hidden_size``; ``vocab_size`` is the
+    target's vocabulary; one decoder layer; the auxiliary layer ids lie in the target's layers.
+
+    Args:
+        folder: the head's folder.
+        target: the target it drafts for (its sizes).
+
+    Returns:
+        The sizes read (:class:`Eagle3Config`).
+
+    Raises:
+        SpeculatorLoadError: naming ``config.json`` and the key that does not fit: ``target_hidden_size`` /
+            ``hidden_size``, ``vocab_size``, ``num_hidden_layers``, ``fc_norm`` or ``norm_output`` (variants not
+            implemented), a missing or non-integer size, ``eagle_aux_hidden_state_layer_ids``.
+    """
+    folder = Path(folder)
+    cfg_file = folder / "config.json"
+    top = read_config(folder)
+    speculators = _speculators_layout(top)
+    cfg = top["transformer_layer_config"] if speculators and isinstance(top.get("transformer_layer_config"),
+                                                                        dict) else top
+    ht, v = target.hidden_size, target.vocab_size
+    expect(top, "target_hidden_size", ht, cfg_file, "the target's hidden size")
+    h = config_int(cfg, "hidden_size", cfg_file, default=ht)
+    if top.get("target_hidden_size") is None:  # the head is the target's width
+        expect(cfg, "hidden_size", ht, cfg_file, "the target's hidden size (no target_hidden_size given)")
+    expect(cfg, "vocab_size", v, cfg_file, "the target's vocabulary")
+    if config_int(cfg, "num_hidden_layers", cfg_file, default=1) != 1:
+        raise SpeculatorLoadError(cfg_file, "num_hidden_layers", f"{cfg['num_hidden_layers']}: EAGLE-3 heads of more "
+                                  f"than one decoder layer are not served here (their later layers would be dropped)")
+    for flag, why in _REFUSED_FLAGS.items():
+        if top.get(flag):
+            raise SpeculatorLoadError(cfg_file, flag, f"true: {why}")
+    n = config_int(top, "draft_vocab_size", cfg_file, default=v)
+    heads = config_int(cfg, "num_attention_heads", cfg_file)
+    kv = config_int(cfg, "num_key_value_heads", cfg_file, default=heads)
+    d = config_int(cfg, "head_dim", cfg_file, default=h // heads)
+    inter = config_int(cfg, "intermediate_size", cfg_file)
+    ids = eagle3_layer_ids(top, target.num_layers, cfg_file)
+    return Eagle3Config(top, cfg, speculators, h, n, heads, kv, d, inter, ids)
+
+
 def load_eagle3(folder: Path, target: TargetInfo, aux_layers: list[int] | None = None) -> tuple[Eagle3Head, DraftVocab]:
     """An EAGLE-3 folder (module docstring) as a float32 :class:`Eagle3Head` on the CPU, and its draft vocabulary,
     checked against the target.
@@ -275,28 +349,10 @@ def load_eagle3(folder: Path, target: TargetInfo, aux_layers: list[int] | None =
     """
     folder = Path(folder)
     cfg_file = folder / "config.json"
-    top = read_config(folder)
-    speculators = _speculators_layout(top)
-    cfg = top["transformer_layer_config"] if speculators and isinstance(top.get("transformer_layer_config"),
-                                                                        dict) else top
+    c = check_eagle3_config(folder, target)
+    top, cfg, speculators, ids = c.top, c.cfg, c.speculators, c.layer_ids
+    h, n, heads, kv, d, inter = c.hidden, c.draft_vocab, c.heads, c.kv_heads, c.head_dim, c.intermediate
     ht, v = target.hidden_size, target.vocab_size
-    expect(top, "target_hidden_size", ht, cfg_file, "the target's hidden size")
-    h = config_int(cfg, "hidden_size", cfg_file, default=ht)
-    if top.get("target_hidden_size") is None:  # the head is the target's width
-        expect(cfg, "hidden_size", ht, cfg_file, "the target's hidden size (no target_hidden_size given)")
-    expect(cfg, "vocab_size", v, cfg_file, "the target's vocabulary")
-    if config_int(cfg, "num_hidden_layers", cfg_file, default=1) != 1:
-        raise SpeculatorLoadError(cfg_file, "num_hidden_layers", f"{cfg['num_hidden_layers']}: EAGLE-3 heads of more "
-                                  f"than one decoder layer are not served here (their later layers would be dropped)")
-    for flag, why in _REFUSED_FLAGS.items():
-        if top.get(flag):
-            raise SpeculatorLoadError(cfg_file, flag, f"true: {why}")
-    n = config_int(top, "draft_vocab_size", cfg_file, default=v)
-    heads = config_int(cfg, "num_attention_heads", cfg_file)
-    kv = config_int(cfg, "num_key_value_heads", cfg_file, default=heads)
-    d = config_int(cfg, "head_dim", cfg_file, default=h // heads)
-    inter = config_int(cfg, "intermediate_size", cfg_file)
-    ids = eagle3_layer_ids(top, target.num_layers, cfg_file)
     wire = aux_layers if aux_layers is not None else sorted(set(ids))
     file = find_weights(folder)
     state = load_weights(file)

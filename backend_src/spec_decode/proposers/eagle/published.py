@@ -30,6 +30,7 @@ config names but the file lacks is refused, naming the key.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -98,14 +99,45 @@ def eagle1_options(top: dict[str, Any], names: set[str]) -> dict[str, Any]:
             "para_norm": _flag(cfg.get("add_para_norm", top.get("add_para_norm")), "enorm.weight" in names)}
 
 
-def load_eagle1(folder: Path, target: TargetInfo) -> tuple[EagleHead, DraftVocab]:
-    """A published EAGLE-1/2 head (module docstring) as a float32 :class:`~.model.EagleHead` on the CPU, with its
-    vocabulary (the target's whole one, or vLLM's ``token_map``), checked against the target.
+@dataclass(frozen=True)
+class Eagle1Config:
+    """An EAGLE-1/2 folder's config as :func:`check_eagle1_config` read it.
+
+    Attributes:
+        top: config.json as read. vllm: whether vLLM's layouts (the Llama config under ``model``). cfg: the Llama
+            config. input_norm: whether the layer has its input norm (vLLM's ``skip_prenorm: false``).
+        heads, kv_heads, head_dim, intermediate: the layer's attention and MLP sizes.
+    """
+
+    top: dict[str, Any]
+    vllm: bool
+    cfg: dict[str, Any]
+    input_norm: bool
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+
+
+def check_eagle1_config(folder: Path, target: TargetInfo) -> Eagle1Config:
+    """An EAGLE-1/2 folder's ``config.json`` (either layout of the module docstring) checked against the target,
+    without reading its weights: what :func:`load_eagle1` checks first, and the launcher before it starts anything
+    (:func:`~spec_decode.proposers.speculators.check_heads_fit`).
+
+    The Llama config's ``hidden_size`` and ``vocab_size`` (at the top in the EAGLE authors' layout, under ``model``
+    in vLLM's, as vLLM's ``EAGLEConfig`` reads them) are the target's, as the head's ``fc`` and its copy of the
+    target's embedding are; one decoder layer.
+
+    Args:
+        folder: the head's folder.
+        target: the target it drafts for (its sizes).
+
+    Returns:
+        The sizes read (:class:`Eagle1Config`).
 
     Raises:
-        SpeculatorLoadError: naming the file and the key that does not fit: ``hidden_size``, ``vocab_size``,
-            ``num_hidden_layers`` (one layer), a missing or misshapen weight, an unsupported option
-            (``skip_output_norm: false``), ``token_map`` ids outside the target's vocabulary.
+        SpeculatorLoadError: naming ``config.json`` and the key that does not fit: ``hidden_size``, ``vocab_size``,
+            ``num_hidden_layers`` (one layer), ``skip_output_norm: false``, a missing or non-integer size.
     """
     folder = Path(folder)
     cfg_file = folder / "config.json"
@@ -125,6 +157,24 @@ def load_eagle1(folder: Path, target: TargetInfo) -> tuple[EagleHead, DraftVocab
     kv = config_int(cfg, "num_key_value_heads", cfg_file, default=heads)
     d = config_int(cfg, "head_dim", cfg_file, default=h // heads)
     inter = config_int(cfg, "intermediate_size", cfg_file)
+    return Eagle1Config(top, vllm, cfg, input_norm, heads, kv, d, inter)
+
+
+def load_eagle1(folder: Path, target: TargetInfo) -> tuple[EagleHead, DraftVocab]:
+    """A published EAGLE-1/2 head (module docstring) as a float32 :class:`~.model.EagleHead` on the CPU, with its
+    vocabulary (the target's whole one, or vLLM's ``token_map``), checked against the target.
+
+    Raises:
+        SpeculatorLoadError: naming the file and the key that does not fit: ``hidden_size``, ``vocab_size``,
+            ``num_hidden_layers`` (one layer), a missing or misshapen weight, an unsupported option
+            (``skip_output_norm: false``), ``token_map`` ids outside the target's vocabulary.
+    """
+    folder = Path(folder)
+    cfg_file = folder / "config.json"
+    c = check_eagle1_config(folder, target)
+    top, vllm, cfg, input_norm = c.top, c.vllm, c.cfg, c.input_norm
+    heads, kv, d, inter = c.heads, c.kv_heads, c.head_dim, c.intermediate
+    h, v = target.hidden_size, target.vocab_size
     file = find_weights(folder)
     state = _normalise(load_weights(file))
     options = eagle1_options(top, set(state))

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +49,12 @@ from ..base import Proposal, ProposalRequest
 from .base import HeadProposer
 from .checkpoint import SpeculatorLoadError, find_weights, load_weights, read_config, take
 from .mlp import (
+    MLPConfig,
     MLPSpeculatorHead,
-    build_mlp_head,
     chain_sizes,
+    check_mlp_config,
     config_flag,
+    mlp_head,
     mlp_weights,
     propose_chain,
     rms_norm,
@@ -171,15 +174,38 @@ def check_base_model(cfg: dict[str, Any], file: Path | str, target: TargetInfo) 
                                                             f"target's {target.architectures[0]}")
 
 
-def build_lstm_head(cfg: dict[str, Any], folder: Path, target: TargetInfo) -> MLPSpeculatorHead | ArcticLSTMHead:
-    """The head of an ``ArcticLSTMSpeculatorPreTrainedModel`` folder: ``sum_rnn`` as an :class:`MLPSpeculatorHead`,
-    ``sum_lstm`` as an :class:`ArcticLSTMHead` (Arctic Inference ``ArcticLSTMSpeculator.__init__`` and
-    ``load_weights``), checked against ``target``: input_hidden_dim = its hidden size, vocab_size = its vocabulary.
+@dataclass(frozen=True)
+class LSTMConfig:
+    """An ``ArcticLSTMSpeculatorPreTrainedModel`` config as :func:`check_lstm_config` read it: ``cfg`` (as read),
+    ``n_predict``, ``hidden`` (``input_hidden_dim``, the target's hidden size), ``vocab`` (``vocab_size``), ``inner``
+    (``inner_dim``), ``method``, ``tie_weights``, ``scale_input``."""
+
+    cfg: dict[str, Any]
+    n_predict: int
+    hidden: int
+    vocab: int
+    inner: int
+    method: str
+    tie_weights: bool
+    scale_input: bool
+
+
+def check_lstm_config(folder: Path, target: TargetInfo, cfg: dict[str, Any] | None = None) -> LSTMConfig:
+    """An ``ArcticLSTMSpeculatorPreTrainedModel`` folder's ``config.json`` checked against the target without reading
+    its weights (ArcticTraining ``ArcticLSTMSpeculatorConfig``, Arctic Inference ``ArcticLSTMSpeculator.__init__``):
+    input_hidden_dim = its hidden size, vocab_size = its vocabulary; single-width stages, proj_dim and emb_dim equal
+    to inner_dim, a known ``method``. What :func:`build_lstm_head` checks first.
+
+    Args:
+        folder: the head's folder.
+        target: the target it drafts for (its sizes).
+        cfg: the folder's config when already read; None: read here.
 
     Raises:
-        SpeculatorLoadError: a config value or weight that does not fit (naming the file and the key).
+        SpeculatorLoadError: naming ``config.json`` and the key that does not fit.
     """
     cfile = Path(folder) / "config.json"
+    cfg = read_config(Path(folder)) if cfg is None else cfg
     n, hidden, vocab = chain_sizes(cfg, cfile, "input_hidden_dim", target)
     inner = config_dim(cfg, "inner_dim", cfile)
     for key in ("proj_dim", "emb_dim"):
@@ -190,12 +216,34 @@ def build_lstm_head(cfg: dict[str, Any], folder: Path, target: TargetInfo) -> ML
     if method not in METHODS:
         raise SpeculatorLoadError(cfile, "method", f"{method!r} is not one of {', '.join(METHODS)}")
     tie, scale = config_flag(cfg, "tie_weights", cfile), config_flag(cfg, "scale_input", cfile)
+    return LSTMConfig(cfg, n, hidden, vocab, inner, method, tie, scale)
+
+
+def build_lstm_head(cfg: dict[str, Any], folder: Path, target: TargetInfo) -> MLPSpeculatorHead | ArcticLSTMHead:
+    """The head of an ``ArcticLSTMSpeculatorPreTrainedModel`` folder: ``sum_rnn`` as an :class:`MLPSpeculatorHead`,
+    ``sum_lstm`` as an :class:`ArcticLSTMHead` (Arctic Inference ``ArcticLSTMSpeculator.__init__`` and
+    ``load_weights``), checked against ``target``: input_hidden_dim = its hidden size, vocab_size = its vocabulary.
+
+    Raises:
+        SpeculatorLoadError: a config value or weight that does not fit (naming the file and the key).
+    """
+    return lstm_head(check_lstm_config(folder, target, cfg), folder)
+
+
+def lstm_head(c: LSTMConfig, folder: Path) -> MLPSpeculatorHead | ArcticLSTMHead:
+    """The head of a checked LSTM config (:func:`check_lstm_config`) from the folder's weights.
+
+    Raises:
+        SpeculatorLoadError: a config value or weight that does not fit (naming the file and the key).
+    """
+    cfile = Path(folder) / "config.json"
+    cfg, n, hidden, vocab, inner = c.cfg, c.n_predict, c.hidden, c.vocab, c.inner
     file = find_weights(folder)
     state = load_weights(file)
-    if method == "sum_rnn":
-        return MLPSpeculatorHead(**mlp_weights(state, file, n, hidden, inner, vocab, tie, layer="0."), n_predict=n,
-                                 scale_input=scale)
-    if not tie:
+    if c.method == "sum_rnn":
+        return MLPSpeculatorHead(**mlp_weights(state, file, n, hidden, inner, vocab, c.tie_weights, layer="0."),
+                                 n_predict=n, scale_input=c.scale_input)
+    if not c.tie_weights:
         raise SpeculatorLoadError(cfile, "tie_weights", "must be true with method sum_lstm (its stages are shared)")
     p = weight_prefix(state)
     embs = ("forget",) if config_flag(cfg, "tie_lstm_embs", cfile) else GATES
@@ -208,7 +256,38 @@ def build_lstm_head(cfg: dict[str, Any], folder: Path, target: TargetInfo) -> ML
              for ln in ("cell_ln", "state_ln")}
     head = [take_stage(state, file, f"{p}head", 0, (vocab, inner), f"inner_dim {inner}, vocabulary {vocab}",
                        range(n))]
-    return ArcticLSTMHead(emb, proj, norms["cell_ln"], norms["state_ln"], head, n, scale)
+    return ArcticLSTMHead(emb, proj, norms["cell_ln"], norms["state_ln"], head, n, c.scale_input)
+
+
+def check_arctic_config(folder: Path, target: TargetInfo) -> MLPConfig | LSTMConfig:
+    """An Arctic speculator's ``config.json`` checked against the target without reading its weights: the target's
+    architecture among ``base_model_archs`` (Arctic Inference ``ArcticProposer.load_model``), then the MLP
+    speculator's config (:func:`~.mlp.check_mlp_config`: emb_dim, vocab_size) or the LSTM's
+    (:func:`check_lstm_config`: input_hidden_dim, vocab_size). What :func:`load_arctic` checks first, and the launcher
+    before it starts anything (:func:`~spec_decode.proposers.speculators.check_heads_fit`).
+
+    Args:
+        folder: the head's folder.
+        target: the target it drafts for (its sizes and architecture).
+
+    Returns:
+        The MLP's (:class:`~.mlp.MLPConfig`) or the LSTM's (:class:`LSTMConfig`) config read.
+
+    Raises:
+        SpeculatorLoadError: naming ``config.json`` and the key that does not fit (``architectures`` for another
+            layout).
+    """
+    folder = Path(folder)
+    cfg = read_config(folder)
+    cfile = folder / "config.json"
+    archs = cfg.get("architectures") or []
+    archs = [archs] if isinstance(archs, str) else archs
+    check_base_model(cfg, cfile, target)
+    if MLP_ARCH in archs:
+        return check_mlp_config(folder, target, cfg)
+    if any(a in LSTM_ARCHS for a in archs):
+        return check_lstm_config(folder, target, cfg)
+    raise SpeculatorLoadError(cfile, "architectures", f"{archs!r} is neither {MLP_ARCH} nor {' nor '.join(LSTM_ARCHS)}")
 
 
 def load_arctic(folder: Path, target: TargetInfo) -> MLPSpeculatorHead | ArcticLSTMHead:
@@ -219,16 +298,8 @@ def load_arctic(folder: Path, target: TargetInfo) -> MLPSpeculatorHead | ArcticL
         SpeculatorLoadError: naming the file and the key that does not fit (``architectures`` for another layout).
     """
     folder = Path(folder)
-    cfg = read_config(folder)
-    cfile = folder / "config.json"
-    archs = cfg.get("architectures") or []
-    archs = [archs] if isinstance(archs, str) else archs
-    check_base_model(cfg, cfile, target)
-    if MLP_ARCH in archs:
-        return build_mlp_head(cfg, folder, target)
-    if any(a in LSTM_ARCHS for a in archs):
-        return build_lstm_head(cfg, folder, target)
-    raise SpeculatorLoadError(cfile, "architectures", f"{archs!r} is neither {MLP_ARCH} nor {' nor '.join(LSTM_ARCHS)}")
+    c = check_arctic_config(folder, target)
+    return mlp_head(c, folder) if isinstance(c, MLPConfig) else lstm_head(c, folder)
 
 
 class ArcticProposer(HeadProposer):

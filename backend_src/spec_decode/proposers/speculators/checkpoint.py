@@ -9,6 +9,7 @@ refuses anything but tensors and plain containers.
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -79,43 +80,73 @@ def load_weights(file: Path, prefix: str = "") -> dict[str, torch.Tensor]:
         SpeculatorLoadError: a file that does not read as either.
     """
     file = Path(file)
+    if file.suffix != ".safetensors":
+        state = _load_pickle(file, mmap=bool(prefix))
+        return {k: t for k, t in state.items() if k.startswith(prefix)} if prefix else state
     try:
-        if file.suffix == ".safetensors" and prefix:
+        if prefix:
             from safetensors import safe_open
 
             with safe_open(str(file), framework="pt") as f:
                 return {k: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}
-        if file.suffix == ".safetensors":
-            from safetensors.torch import load_file
+        from safetensors.torch import load_file
 
-            return load_file(str(file))
-        state = torch.load(file, map_location="cpu", weights_only=True, mmap=bool(prefix))
+        return load_file(str(file))
+    except Exception as e:  # noqa: BLE001 - any reader error is a load error naming the file
+        raise SpeculatorLoadError(file, "weights", f"unreadable ({type(e).__name__}: {e})") from None
+
+
+def _load_pickle(file: Path, mmap: bool) -> dict[str, torch.Tensor]:
+    """A PyTorch pickle's tensors (``torch.load(weights_only=True)``; memory-mapped when ``mmap``: only the pickle's
+    structure is read, a tensor's data when it is used), unwrapped from a ``state_dict`` entry.
+
+    Raises:
+        SpeculatorLoadError: a file that does not read (with ``mmap``, also a legacy-format pickle, which cannot be
+            mapped), or that holds other than names and tensors.
+    """
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # noqa: BLE001 - any reader error is a load error naming the file
         raise SpeculatorLoadError(file, "weights", f"unreadable ({type(e).__name__}: {e})") from None
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise SpeculatorLoadError(file, "weights", "must hold a mapping of names to tensors")
-    return {k: t for k, t in state.items() if k.startswith(prefix)} if prefix else state
+    return state
+
+
+def weight_shapes(file: Path) -> dict[str, tuple[int, ...]] | None:
+    """Name -> shape of every tensor of a weights file, without reading their data: a safetensors file's header
+    (``safe_open(...).get_slice(name).get_shape()``), a pickle memory-mapped (its structure only); None for a pickle
+    that is not in the zip format ``torch.save`` writes (the legacy format, ``_use_new_zipfile_serialization=False``,
+    cannot be mapped; nor can a file that is no pickle, which :func:`load_weights` then refuses).
+
+    Raises:
+        SpeculatorLoadError: a file that does not read (naming it).
+    """
+    file = Path(file)
+    if file.suffix != ".safetensors":
+        if not zipfile.is_zipfile(file):  # torch.save's format is a zip archive; the legacy one cannot be mapped
+            return None
+        return {k: tuple(t.shape) for k, t in _load_pickle(file, mmap=True).items()}
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(file), framework="pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as e:  # noqa: BLE001 - any reader error is a load error naming the file
+        raise SpeculatorLoadError(file, "weights", f"unreadable ({type(e).__name__}: {e})") from None
 
 
 def weight_names(file: Path) -> list[str]:
     """The tensor names of a weights file, reading as little as the format allows (a safetensors header; a pickle is
-    memory-mapped).
+    memory-mapped, or read whole in the legacy format).
 
     Raises:
         SpeculatorLoadError: as :func:`load_weights`.
     """
-    file = Path(file)
-    if file.suffix == ".safetensors":
-        try:
-            from safetensors import safe_open
-
-            with safe_open(str(file), framework="pt") as f:
-                return list(f.keys())
-        except Exception as e:  # noqa: BLE001
-            raise SpeculatorLoadError(file, "weights", f"unreadable ({type(e).__name__}: {e})") from None
-    return list(load_weights(file))
+    shapes = weight_shapes(file)
+    return list(shapes) if shapes is not None else list(load_weights(file))
 
 
 def take(state: dict[str, torch.Tensor], key: str, shape: tuple[int, ...], file: Path | str,
@@ -137,10 +168,20 @@ def take(state: dict[str, torch.Tensor], key: str, shape: tuple[int, ...], file:
         raise SpeculatorLoadError(file, key, f"missing weight (the file holds {len(state)}: {', '.join(near)}"
                                              f"{', ...' if len(state) > len(near) else ''})")
     t = state[key]
-    if t.ndim != len(shape) or any(s != -1 and s != d for s, d in zip(shape, t.shape)):
-        want = "x".join("*" if s == -1 else str(s) for s in shape)
-        raise SpeculatorLoadError(file, key, f"shape {list(t.shape)}, expected [{want}]" + (f" ({why})" if why else ""))
+    check_shape(tuple(t.shape), key, shape, file, why)
     return t.float()
+
+
+def check_shape(found: tuple[int, ...], key: str, shape: tuple[int, ...], file: Path | str, why: str = "") -> None:
+    """Check that weight ``key`` of shape ``found`` (loaded, or read from a file's header: :func:`weight_shapes`) has
+    ``shape`` (-1: any size there), as :func:`take` does.
+
+    Raises:
+        SpeculatorLoadError: another shape (naming the file, the key and ``why``).
+    """
+    if len(found) != len(shape) or any(s != -1 and s != d for s, d in zip(shape, found)):
+        want = "x".join("*" if s == -1 else str(s) for s in shape)
+        raise SpeculatorLoadError(file, key, f"shape {list(found)}, expected [{want}]" + (f" ({why})" if why else ""))
 
 
 def config_int(cfg: dict[str, Any], key: str, file: Path | str, default: int | None = None, low: int = 1) -> int:

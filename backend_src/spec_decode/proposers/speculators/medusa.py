@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -40,16 +42,19 @@ from .base import HeadProposer
 from .checkpoint import (
     CONFIG_FILE,
     SpeculatorLoadError,
+    check_shape,
     config_int,
     expect,
     find_weights,
     load_weights,
     read_config,
     take,
+    weight_shapes,
 )
 from .target import TargetInfo
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 FASTER_DECODING_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")  # FasterDecoding's weights file names
 VLLM_FILES = ("model.safetensors", "pytorch_model.bin")  # vLLM's converted checkpoints
@@ -120,7 +125,7 @@ class MedusaHead(nn.Module):
         return torch.stack(out)
 
 
-def _strip(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+def _strip(state: dict[str, T], prefix: str) -> dict[str, T]:
     """The weights with ``prefix`` dropped from the names that start with it."""
     return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state.items()}
 
@@ -156,10 +161,10 @@ def _token_map(state: dict[str, torch.Tensor], size: int, vocab: int, file: Path
     return raw.long()
 
 
-def _sharded_heads(folder: Path) -> tuple[Path, dict[str, torch.Tensor]] | None:
-    """A Medusa-2 full model's heads (FasterDecoding/medusa-1.0-*: the base model and ``medusa_head.*`` in sharded
-    ``model-*.safetensors`` / ``pytorch_model-*.bin`` files under an index): only the ``medusa_head.*`` tensors, read
-    from the shards the index names for them; None when the folder has no index.
+def _sharded_index(folder: Path) -> tuple[Path, list[str]] | None:
+    """A Medusa-2 full model's index (FasterDecoding/medusa-1.0-*: the base model and ``medusa_head.*`` in sharded
+    ``model-*.safetensors`` / ``pytorch_model-*.bin`` files under an index) and the shards it names for the
+    ``medusa_head.*`` weights; None when the folder has no index.
 
     Raises:
         SpeculatorLoadError: an index that names no ``medusa_head.`` weight, or is unreadable.
@@ -178,11 +183,25 @@ def _sharded_heads(folder: Path) -> tuple[Path, dict[str, torch.Tensor]] | None:
         if not shards:
             raise SpeculatorLoadError(index, "medusa_head.", "no Medusa head weight in this model's index (a full "
                                                              "model without Medusa heads)")
-        state: dict[str, torch.Tensor] = {}
-        for shard in shards:
-            state.update(load_weights(folder / shard, "medusa_head."))
-        return index, state
+        return index, shards
     return None
+
+
+def _sharded_heads(folder: Path) -> tuple[Path, dict[str, torch.Tensor]] | None:
+    """A Medusa-2 full model's heads (:func:`_sharded_index`): only the ``medusa_head.*`` tensors, read from the
+    shards the index names for them; None when the folder has no index.
+
+    Raises:
+        SpeculatorLoadError: an index that names no ``medusa_head.`` weight, or is unreadable; an unreadable shard.
+    """
+    found = _sharded_index(folder)
+    if found is None:
+        return None
+    index, shards = found
+    state: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        state.update(load_weights(folder / shard, "medusa_head."))
+    return index, state
 
 
 def _target_lm_head(target: TargetInfo) -> torch.Tensor:
@@ -199,61 +218,70 @@ def _target_lm_head(target: TargetInfo) -> torch.Tensor:
     return lm
 
 
-def _heads_in_file(state: dict[str, torch.Tensor]) -> int:
-    """How many heads FasterDecoding's names hold (``{i}.0.linear.weight``, ``{i}.{L}.weight``): 1 + the largest i."""
+def _heads_in_file(state: Mapping[str, Any]) -> int:
+    """How many heads FasterDecoding's names (the keys of ``state``: ``{i}.0.linear.weight``, ``{i}.{L}.weight``)
+    hold: 1 + the largest i."""
     ids = [int(k.split(".", 1)[0]) for k in state if k.split(".", 1)[0].isdigit()]
     return 1 + max(ids) if ids else 0
 
 
-def _load_faster_decoding(folder: Path, cfg: dict[str, Any], target: TargetInfo) -> MedusaHead:
-    """FasterDecoding's layout (see the module docstring), checked against ``target``.
+@dataclass(frozen=True)
+class MedusaConfig:
+    """A Medusa folder's config as :func:`check_medusa_config` read it.
 
-    Its variants: a file holding more heads than ``medusa_num_heads`` says serves them all (``FasterDecoding/
-    medusa-vicuna-7b-v1.3``'s config says 2 and its file holds 5: the authors' ``MedusaModel.from_pretrained``
-    forces 5, "TODO: fix the uploaded config"); ``version: "2"`` heads (``medusa/train/train_legacy.py``, TGI's
-    ``MedusaHeadV2``) hold the residual blocks only and are projected by the target's own LM head; a Medusa-2 full
-    model (sharded, with an index) serves the ``medusa_head.*`` weights out of it."""
+    Attributes:
+        file: its ``config.json``. cfg: the config as read. layout: ``medusa`` (FasterDecoding's) or ``vllm``.
+        num_heads: n as the config says (FasterDecoding's files may hold more: :func:`load_medusa`).
+        num_layers: residual blocks per head.
+        vocab: vLLM's ``vocab_size`` (the target's when absent; compared with it after the weights), else the
+            target's. truncated: vLLM's ``truncated_vocab_size`` (``vocab`` when absent).
+        logit_scale: vLLM's ``logit_scale`` (1.0 otherwise).
+    """
+
+    file: Path
+    cfg: dict[str, Any]
+    layout: str
+    num_heads: int
+    num_layers: int
+    vocab: int
+    truncated: int
+    logit_scale: float
+
+
+def check_medusa_config(folder: Path | str, target: TargetInfo) -> MedusaConfig:
+    """A Medusa folder's ``config.json`` read and checked before its weights, as :func:`load_medusa` does first: its
+    layout (FasterDecoding's ``medusa_num_heads``, or vLLM's ``MedusaModel``), the heads' and blocks' counts, and in
+    vLLM's layout ``truncated_vocab_size`` <= ``vocab_size`` and a finite ``logit_scale`` (FasterDecoding/Medusa
+    ``MedusaConfig``; vLLM ``transformers_utils/configs/medusa.py``).
+
+    The config's sizes are compared with the target's after the weights (whose errors name the weight), by
+    :func:`load_medusa` and by :func:`check_medusa_fit`.
+
+    Args:
+        folder: the head's folder.
+        target: the target it drafts for (its vocabulary, vLLM's default ``vocab_size``).
+
+    Raises:
+        SpeculatorLoadError: naming ``config.json`` and the key: neither layout (``medusa_num_heads``), a count that
+            is missing or not an integer (``medusa_num_heads``, ``num_heads``, ``medusa_num_layers``, ...),
+            ``truncated_vocab_size``, ``logit_scale``.
+    """
+    folder = Path(folder)
     cfg_file = folder / CONFIG_FILE
-    n = config_int(cfg, "medusa_num_heads", cfg_file)
-    layers = config_int(cfg, "medusa_num_layers", cfg_file, default=1, low=0)
-    h, v = target.hidden_size, target.vocab_size
-    sharded = None if any((folder / f).is_file() for f in FASTER_DECODING_FILES) else _sharded_heads(folder)
-    if sharded is not None:
-        file, state = sharded[0], _strip(sharded[1], "medusa_head.")
-    else:
-        file = find_weights(folder, FASTER_DECODING_FILES)
-        state = _strip(load_weights(file), "medusa_head.")
-    found = _heads_in_file(state)
-    if found > n:
-        logger.warning("%s: medusa_num_heads is %d but the file holds %d heads: serving %d (as the Medusa authors "
-                       "do for heads whose uploaded config is wrong)", cfg_file, n, found, found)
-        n = found
-    # version 2 (TGI reads the config's "version"), or a file of blocks without any projection
-    v2 = str(cfg.get("version", "")) == "2" or (layers > 0 and not any(f"{i}.{layers}.weight" in state
-                                                                        for i in range(n)))
-    head = MedusaHead(h, v, n, layers, bias=True, shared_lm_head=v2)
-    hidden_why, vocab_why = f"the target's hidden size {h}", f"the target's vocabulary {v} x hidden size {h}"
-    for i in range(n):
-        for j in range(layers):
-            _set(head.blocks[i][j],  # type: ignore[index]
-                 take(state, f"{i}.{j}.linear.weight", (h, h), file, hidden_why),
-                 take(state, f"{i}.{j}.linear.bias", (h,), file, hidden_why))
-        if not v2:
-            _set(head.lm_heads[i], take(state, f"{i}.{layers}.weight", (v, h), file, vocab_why))
-    if v2:  # residual blocks projected by the base model's LM head
-        _set(head.lm_heads[0], _target_lm_head(target))
-    expect(cfg, "hidden_size", h, cfg_file, "the target's hidden size")
-    expect(cfg, "vocab_size", v, cfg_file, "the target's vocabulary size")
-    return head
-
-
-def _load_vllm(folder: Path, cfg: dict[str, Any], target: TargetInfo) -> MedusaHead:
-    """vLLM's converted layout (see the module docstring), checked against ``target``."""
-    cfg_file = folder / CONFIG_FILE
+    cfg = read_config(folder)
+    layout = _layout(cfg)
+    if layout is None:
+        raise SpeculatorLoadError(cfg_file, "medusa_num_heads",
+                                  "missing from config.json: neither FasterDecoding's Medusa config "
+                                  "(medusa_num_heads) nor vLLM's (architectures: MedusaModel)")
+    v = target.vocab_size
+    if layout == "medusa":
+        n = config_int(cfg, "medusa_num_heads", cfg_file)
+        layers = config_int(cfg, "medusa_num_layers", cfg_file, default=1, low=0)
+        return MedusaConfig(cfg_file, cfg, layout, n, layers, v, v, 1.0)
     n = config_int(cfg, "num_heads" if "num_heads" in cfg or "medusa_num_heads" not in cfg else "medusa_num_heads",
                    cfg_file)
     layers = config_int(cfg, "num_hidden_layers", cfg_file, default=1, low=0)
-    h, v = target.hidden_size, target.vocab_size
     cfg_vocab = config_int(cfg, "vocab_size", cfg_file, default=v)  # compared with the target's after the weights
     truncated = config_int(cfg, "truncated_vocab_size", cfg_file, default=cfg_vocab)
     if truncated > cfg_vocab:
@@ -263,6 +291,156 @@ def _load_vllm(folder: Path, cfg: dict[str, Any], target: TargetInfo) -> MedusaH
         scale = 1.0
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise SpeculatorLoadError(cfg_file, "logit_scale", f"must be a finite number, got {scale!r}")
+    return MedusaConfig(cfg_file, cfg, layout, n, layers, cfg_vocab, truncated, float(scale))
+
+
+def _faster_decoding_weight_shapes(folder: Path) -> tuple[Path, dict[str, tuple[int, ...]]] | None:
+    """FasterDecoding's weights' (file, name -> shape) without reading their data (:func:`~.checkpoint.
+    weight_shapes`; a Medusa-2 full model's ``medusa_head.*`` from the shards its index names, the file then being
+    the index), names without ``medusa_head.``; None when a pickle cannot be read so (the legacy format).
+
+    Raises:
+        SpeculatorLoadError: no weights file, an unreadable index or file.
+    """
+    sharded = None if any((folder / f).is_file() for f in FASTER_DECODING_FILES) else _sharded_index(folder)
+    files = [folder / shard for shard in sharded[1]] if sharded is not None else \
+        [find_weights(folder, FASTER_DECODING_FILES)]
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        found = weight_shapes(file)
+        if found is None:
+            return None
+        shapes.update({k: t for k, t in found.items() if sharded is None or k.startswith("medusa_head.")})
+    return (sharded[0] if sharded is not None else files[0]), _strip(shapes, "medusa_head.")
+
+
+def _faster_decoding_heads(c: MedusaConfig, names: Mapping[str, Any], warn: bool = True) -> tuple[int, bool]:
+    """(the number of heads served, whether they are version 2) of FasterDecoding's layout, from its config and its
+    weights' names (the keys of ``names``): a file holding more heads than ``medusa_num_heads`` says serves them all
+    (logged when ``warn``); version 2 when the config says ``version: "2"`` (TGI reads it) or the file holds blocks
+    without any projection."""
+    n, layers = c.num_heads, c.num_layers
+    found = _heads_in_file(names)
+    if found > n:
+        if warn:
+            logger.warning("%s: medusa_num_heads is %d but the file holds %d heads: serving %d (as the Medusa authors "
+                           "do for heads whose uploaded config is wrong)", c.file, n, found, found)
+        n = found
+    v2 = str(c.cfg.get("version", "")) == "2" or (layers > 0 and not any(f"{i}.{layers}.weight" in names
+                                                                          for i in range(n)))
+    return n, v2
+
+
+def _faster_decoding_shapes(n: int, layers: int, v2: bool, target: TargetInfo
+                            ) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Name -> (shape, what it comes from) of FasterDecoding's weights for ``n`` heads of ``layers`` blocks over the
+    target, in the order the loader reads them: per head its blocks' ``{i}.{j}.linear.weight`` [H, H] and ``.bias``
+    [H], then its projection ``{i}.{L}.weight`` [V, H] (none in version 2)."""
+    h, v = target.hidden_size, target.vocab_size
+    hidden_why, vocab_why = f"the target's hidden size {h}", f"the target's vocabulary {v} x hidden size {h}"
+    out: dict[str, tuple[tuple[int, ...], str]] = {}
+    for i in range(n):
+        for j in range(layers):
+            out[f"{i}.{j}.linear.weight"] = (h, h), hidden_why
+            out[f"{i}.{j}.linear.bias"] = (h,), hidden_why
+        if not v2:
+            out[f"{i}.{layers}.weight"] = (v, h), vocab_why
+    return out
+
+
+def _check_config_sizes(c: MedusaConfig, target: TargetInfo) -> None:
+    """The config's ``hidden_size`` and ``vocab_size``, when it has them (vLLM's conversion, a Medusa-2 full model's
+    base config), against the target's: the loaders compare them after the weights, whose errors name the weight.
+
+    Raises:
+        SpeculatorLoadError: naming ``config.json`` and the key.
+    """
+    expect(c.cfg, "hidden_size", target.hidden_size, c.file, "the target's hidden size")
+    expect(c.cfg, "vocab_size", target.vocab_size, c.file, "the target's vocabulary size")
+
+
+def check_medusa_fit(folder: Path | str, target: TargetInfo) -> MedusaConfig:
+    """A Medusa folder checked against the target without reading its weights' data: :func:`check_medusa_config`,
+    then the sizes :func:`load_medusa` checks once it has the weights, from the weights' shapes (FasterDecoding's
+    layout, whose config has no sizes: the blocks [H, H] and projections [V, H] of the weights file's header, or of a
+    memory-mapped pickle; skipped for a legacy-format pickle) and the config's ``hidden_size`` / ``vocab_size`` (vLLM's
+    conversion, a Medusa-2 full model's base config). What the launcher checks before it starts anything
+    (:func:`~spec_decode.proposers.speculators.check_heads_fit`).
+
+    A weight the file lacks is left to the loader (naming it); the target's own LM head (version 2, vLLM's
+    ``original_lm_head``) is not read.
+
+    Raises:
+        SpeculatorLoadError: as :func:`load_medusa`, naming the file and the key that does not fit.
+    """
+    folder = Path(folder)
+    c = check_medusa_config(folder, target)
+    found = _faster_decoding_weight_shapes(folder) if c.layout == "medusa" else None
+    if found is not None:
+        file, shapes = found
+        n, v2 = _faster_decoding_heads(c, shapes, warn=False)
+        for key, (shape, why) in _faster_decoding_shapes(n, c.num_layers, v2, target).items():
+            if key in shapes:
+                check_shape(shapes[key], key, shape, file, why)
+    _check_config_sizes(c, target)
+    return c
+
+
+def medusa_weight_sizes(folder: Path | str) -> tuple[int | None, int | None]:
+    """(hidden size, vocabulary) FasterDecoding's Medusa weights in ``folder`` are made for, from their shapes (head
+    0's first block [H, H], its projection [V, H]; :func:`~.checkpoint.weight_shapes`), for messages: None where the
+    file does not say (vLLM's layout, version 2's missing projection, a legacy pickle, an unreadable folder). Never
+    raises."""
+    try:
+        cfg = read_config(Path(folder))
+        layers = cfg.get("medusa_num_layers", 1)
+        found = _faster_decoding_weight_shapes(Path(folder)) if _layout(cfg) == "medusa" else None
+    except (SpeculatorLoadError, OSError):
+        return None, None
+    if found is None:
+        return None, None
+    shapes = found[1]
+    block, proj = shapes.get("0.0.linear.weight"), shapes.get(f"0.{layers}.weight")
+    return (block[0] if block and len(block) == 2 else proj[1] if proj and len(proj) == 2 else None,
+            proj[0] if proj and len(proj) == 2 else None)
+
+
+def _load_faster_decoding(folder: Path, c: MedusaConfig, target: TargetInfo) -> MedusaHead:
+    """FasterDecoding's layout (see the module docstring), checked against ``target``.
+
+    Its variants: a file holding more heads than ``medusa_num_heads`` says serves them all (``FasterDecoding/
+    medusa-vicuna-7b-v1.3``'s config says 2 and its file holds 5: the authors' ``MedusaModel.from_pretrained``
+    forces 5, "TODO: fix the uploaded config"); ``version: "2"`` heads (``medusa/train/train_legacy.py``, TGI's
+    ``MedusaHeadV2``) hold the residual blocks only and are projected by the target's own LM head; a Medusa-2 full
+    model (sharded, with an index) serves the ``medusa_head.*`` weights out of it."""
+    layers = c.num_layers
+    h, v = target.hidden_size, target.vocab_size
+    sharded = None if any((folder / f).is_file() for f in FASTER_DECODING_FILES) else _sharded_heads(folder)
+    if sharded is not None:
+        file, state = sharded[0], _strip(sharded[1], "medusa_head.")
+    else:
+        file = find_weights(folder, FASTER_DECODING_FILES)
+        state = _strip(load_weights(file), "medusa_head.")
+    n, v2 = _faster_decoding_heads(c, state)
+    head = MedusaHead(h, v, n, layers, bias=True, shared_lm_head=v2)
+    weights = {key: take(state, key, shape, file, why)
+               for key, (shape, why) in _faster_decoding_shapes(n, layers, v2, target).items()}
+    for i in range(n):
+        for j in range(layers):
+            _set(head.blocks[i][j], weights[f"{i}.{j}.linear.weight"],  # type: ignore[index]
+                 weights[f"{i}.{j}.linear.bias"])
+        if not v2:
+            _set(head.lm_heads[i], weights[f"{i}.{layers}.weight"])
+    if v2:  # residual blocks projected by the base model's LM head
+        _set(head.lm_heads[0], _target_lm_head(target))
+    _check_config_sizes(c, target)
+    return head
+
+
+def _load_vllm(folder: Path, c: MedusaConfig, target: TargetInfo) -> MedusaHead:
+    """vLLM's converted layout (see the module docstring), checked against ``target``."""
+    cfg, n, layers, cfg_vocab, truncated, scale = c.cfg, c.num_heads, c.num_layers, c.vocab, c.truncated, c.logit_scale
+    h, v = target.hidden_size, target.vocab_size
     file = find_weights(folder, VLLM_FILES)
     state = _strip(load_weights(file), "medusa_heads.")
     bias = cfg.get("medusa_fc_bias")
@@ -296,8 +474,7 @@ def _load_vllm(folder: Path, cfg: dict[str, Any], target: TargetInfo) -> MedusaH
     else:
         for i in range(n):
             _set(head.lm_heads[i], projection(f"lm_heads.{i}.weight"))
-    expect(cfg, "hidden_size", h, cfg_file, "the target's hidden size")
-    expect(cfg, "vocab_size", v, cfg_file, "the target's vocabulary size")
+    _check_config_sizes(c, target)
     return head
 
 
@@ -327,14 +504,9 @@ def load_medusa(folder: Path | str, target: TargetInfo) -> MedusaHead:
             weights file (``weights``).
     """
     folder = Path(folder)
-    cfg = read_config(folder)
-    layout = _layout(cfg)
-    if layout is None:
-        raise SpeculatorLoadError(folder / CONFIG_FILE, "medusa_num_heads",
-                                  "missing from config.json: neither FasterDecoding's Medusa config "
-                                  "(medusa_num_heads) nor vLLM's (architectures: MedusaModel)")
-    loader = _load_vllm if layout == "vllm" else _load_faster_decoding
-    return loader(folder, cfg, target).requires_grad_(False).eval()
+    c = check_medusa_config(folder, target)
+    loader = _load_vllm if c.layout == "vllm" else _load_faster_decoding
+    return loader(folder, c, target).requires_grad_(False).eval()
 
 
 class MedusaProposer(HeadProposer):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -223,23 +224,68 @@ def chain_sizes(cfg: dict[str, Any], file: Path | str, hidden_key: str, target: 
     return n, hidden, vocab
 
 
-def build_mlp_head(cfg: dict[str, Any], folder: Path, target: TargetInfo) -> MLPSpeculatorHead:
-    """An :class:`MLPSpeculatorHead` from a read ``config.json`` of the MLPSpeculatorConfig keys (``emb_dim``,
-    ``inner_dim`` (0: emb_dim), ``vocab_size``, ``n_predict``, ``tie_weights``, ``scale_input``; vLLM
-    ``transformers_utils/configs/mlp_speculator.py``) and the folder's weights, checked against ``target``.
+@dataclass(frozen=True)
+class MLPConfig:
+    """An MLP speculator's config as :func:`check_mlp_config` read it: ``n_predict``, ``hidden`` (``emb_dim``, the
+    target's hidden size), ``vocab`` (``vocab_size``), ``inner`` (``inner_dim``; 0: emb_dim), ``tie_weights``,
+    ``scale_input``."""
+
+    n_predict: int
+    hidden: int
+    vocab: int
+    inner: int
+    tie_weights: bool
+    scale_input: bool
+
+
+def check_mlp_config(folder: Path, target: TargetInfo, cfg: dict[str, Any] | None = None) -> MLPConfig:
+    """An MLP speculator's ``config.json`` (the MLPSpeculatorConfig keys: ``emb_dim``, ``inner_dim`` (0: emb_dim),
+    ``vocab_size``, ``n_predict``, ``tie_weights``, ``scale_input``; vLLM ``transformers_utils/configs/
+    mlp_speculator.py``) checked against the target without reading its weights: emb_dim = its hidden size,
+    vocab_size = its vocabulary. What :func:`build_mlp_head` checks first, and the launcher before it starts anything
+    (:func:`~spec_decode.proposers.speculators.check_heads_fit`).
+
+    Args:
+        folder: the head's folder.
+        target: the target it drafts for (its sizes).
+        cfg: the folder's config when already read (Arctic's MLP speculator); None: read here.
+
+    Returns:
+        The sizes and flags read (:class:`MLPConfig`).
 
     Raises:
-        SpeculatorLoadError: a config value or weight that does not fit (naming the file and the key).
+        SpeculatorLoadError: naming ``config.json`` and the key: a missing or non-integer size, ``emb_dim`` or
+            ``vocab_size`` that does not fit the target, a flag that is not a boolean, ``tie_weights`` with one head.
     """
     cfile = Path(folder) / "config.json"
+    cfg = read_config(Path(folder)) if cfg is None else cfg
     n, hidden, vocab = chain_sizes(cfg, cfile, "emb_dim", target)
     inner = config_int(cfg, "inner_dim", cfile, default=0, low=0) or hidden
     tie, scale = config_flag(cfg, "tie_weights", cfile), config_flag(cfg, "scale_input", cfile)
     if tie and n < 2:
         raise SpeculatorLoadError(cfile, "tie_weights", "ties the heads of a speculator with one head (n_predict 1)")
+    return MLPConfig(n, hidden, vocab, inner, tie, scale)
+
+
+def build_mlp_head(cfg: dict[str, Any], folder: Path, target: TargetInfo) -> MLPSpeculatorHead:
+    """An :class:`MLPSpeculatorHead` from a read ``config.json`` of the MLPSpeculatorConfig keys
+    (:func:`check_mlp_config`) and the folder's weights, checked against ``target``.
+
+    Raises:
+        SpeculatorLoadError: a config value or weight that does not fit (naming the file and the key).
+    """
+    return mlp_head(check_mlp_config(folder, target, cfg), folder)
+
+
+def mlp_head(c: MLPConfig, folder: Path) -> MLPSpeculatorHead:
+    """The :class:`MLPSpeculatorHead` of a checked config (:func:`check_mlp_config`) from the folder's weights.
+
+    Raises:
+        SpeculatorLoadError: a weight missing or of another shape (naming the file and the key).
+    """
     file = find_weights(folder)
-    return MLPSpeculatorHead(**mlp_weights(load_weights(file), file, n, hidden, inner, vocab, tie), n_predict=n,
-                             scale_input=scale)
+    return MLPSpeculatorHead(**mlp_weights(load_weights(file), file, c.n_predict, c.hidden, c.inner, c.vocab,
+                                           c.tie_weights), n_predict=c.n_predict, scale_input=c.scale_input)
 
 
 def load_mlp_speculator(folder: Path, target: TargetInfo) -> MLPSpeculatorHead:
