@@ -19,7 +19,8 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
-from ..engine.model_loading import prepare_default_model
+from ..engine.model_loading import default_model_dir, prepare_default_model
+from ..proposers.speculators import check_heads_fit
 from .frontend import OpenAIFrontend, tokenizer_path
 from .processes import port_problems
 from .repository import (
@@ -115,11 +116,12 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _terminate)
     overrides: dict[str, dict[str, str]] = {}
+    target_folder = default_model_dir()  # the served target's folder (--model's, below)
     served_names = tuple(args.served_model_name)
     if args.model or args.dtype or args.device or args.max_model_len or args.kv_cache_max_tokens:
         try:  # before tritonserver starts: its log would bury the same error
-            overrides, _, name = model_overrides(args.model or "default", args.dtype, args.device, args.max_model_len,
-                                                 args.kv_cache_max_tokens)
+            overrides, target_folder, name = model_overrides(args.model or "default", args.dtype, args.device,
+                                                             args.max_model_len, args.kv_cache_max_tokens)
         except (ValueError, FileNotFoundError) as e:
             ap.error(str(e))
         if embedded:  # the embedded target keeps its draft and head
@@ -136,7 +138,12 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--speculator / SPECULATORS: no such folder: {', '.join(missing)} (give a speculator folder: "
                      f"config.json and its weights; docs/speculators.md)")
         # the head make speculator trains ("auto") is the embedded target's: not beside another model
-        overrides.setdefault("draft_model", {})["speculator_path"] = ",".join([*(["auto"] if embedded else []), *paths])
+        speculator_path = ",".join([*(["auto"] if embedded else []), *paths])
+        try:  # before tritonserver starts: draft_model's load would fail later, after the target's
+            check_heads_fit(speculator_path, target_folder)
+        except ValueError as e:  # a head made for another target (naming both), or a layout none of the loaders reads
+            ap.error(f"--speculator / SPECULATORS: {e}")
+        overrides.setdefault("draft_model", {})["speculator_path"] = speculator_path
     repo = prepare_repository(overrides, args.model_repository)
     server = TritonServer(repo, args.http_port, args.grpc_port, args.metrics_port, log_verbose=args.log_verbose,
                           host=args.host)

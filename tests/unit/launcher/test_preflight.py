@@ -1,5 +1,6 @@
-"""The launcher checks its four ports before anything starts (spec_decode.launcher.processes.port_problems): two
-endpoints on one port, a port something listens on, a value that is no port; each named by its flag and variable."""
+"""What the launcher refuses before anything starts: its four ports (spec_decode.launcher.processes.port_problems: two
+endpoints on one port, a port something listens on, a value that is no port; each named by its flag and variable), a
+flag value out of range, and a speculator head made for another target (check_heads_fit)."""
 
 import socket
 
@@ -59,3 +60,40 @@ def test_the_launcher_refuses_a_clash_before_it_starts_anything(monkeypatch, cap
                        "--openai-port", str(http), "--no-openai", "--kv-cache-max-tokens", "16"])
     error = capsys.readouterr().err.strip().splitlines()[-1]  # after argparse's usage lines
     assert "OPENAI_PORT" not in error and "--kv-cache-max-tokens 16: at least 1024" in error, error
+
+
+def test_the_launcher_refuses_a_head_made_for_another_target_before_it_starts_anything(monkeypatch, capsys,
+                                                                                        tmp_path, real_model_dir):
+    """README's old example: a published EAGLE-3 head (here one for a tiny target) beside the embedded SmolLM2. The
+    launcher names the head, the target it was made for and the served target (check_heads_fit) and starts nothing;
+    the same head with its own target (--model) passes the check."""
+    import json
+
+    from tests.speculator_checkpoints.eagle import write_eagle3
+
+    head = tmp_path / "eagle3-for-tiny"
+    write_eagle3(head, 32, 97, 4, 2, 64, 48, layer_ids=[0, 1, 1])
+    monkeypatch.setattr(launcher.TritonServer, "start", _never)
+    for var in ("HTTP_PORT", "GRPC_PORT", "METRICS_PORT", "OPENAI_PORT", "MODEL", "SPECULATORS"):
+        monkeypatch.delenv(var, raising=False)
+    ports = [str(p) for p in free_ports(4)]
+    flags = ["--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2], "--openai-port", ports[3]]
+    with pytest.raises(SystemExit) as e:
+        launcher.main([*flags, "--speculator", str(head)])
+    assert e.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert (f"--speculator / SPECULATORS: speculator head {head} (eagle3) was made for a target of hidden size 32 and "
+            f"vocabulary 97, not for the served target {real_model_dir} (hidden size 576, vocabulary 49152)") in error
+    # with its own target the check passes and the launcher goes on to start tritonserver (stopped here)
+    tiny = tmp_path / "tiny-target"
+    tiny.mkdir()
+    (tiny / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 32,
+                                                  "vocab_size": 97, "num_hidden_layers": 2}))
+    monkeypatch.setattr("spec_decode.engine.model_loading.check_servable", lambda *a, **k: None)  # a config alone
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the launcher's copy of the repository
+    with pytest.raises(AssertionError, match="started something"):
+        launcher.main([*flags, "--model", str(tiny), "--speculator", str(head)])
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("the launcher started something")
