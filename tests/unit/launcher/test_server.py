@@ -63,6 +63,9 @@ def test_speculator_flags_and_the_speculators_variable_serve_heads_beside_the_tr
 
     monkeypatch.setattr(launcher, "prepare_default_model", lambda: None)
     monkeypatch.setattr(launcher, "prepare_repository", prepare)
+    monkeypatch.setattr(launcher, "port_problems", lambda ports, host: [])  # the default ports may be taken here
+    checked = []  # empty folders stand for heads: what check_heads_fit was asked (test_preflight.py checks it)
+    monkeypatch.setattr(launcher, "check_heads_fit", lambda path, target: checked.append((path, target)))
     monkeypatch.setattr(launcher.signal, "signal", lambda *a: None)  # main's SIGTERM handler stays out of pytest
     monkeypatch.chdir(tmp_path)
     for name in ("a", "b", "c"):
@@ -71,6 +74,7 @@ def test_speculator_flags_and_the_speculators_variable_serve_heads_beside_the_tr
     with pytest.raises(Prepared):
         launcher.main(["--speculator", "c"])
     assert seen[-1]["draft_model"]["speculator_path"] == f"auto,{tmp_path / 'a'},{tmp_path / 'b'},{tmp_path / 'c'}"
+    assert checked == [(seen[-1]["draft_model"]["speculator_path"], launcher.default_model_dir())]
     monkeypatch.delenv("SPECULATORS")
     with pytest.raises(Prepared):
         launcher.main([])
