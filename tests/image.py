@@ -65,34 +65,31 @@ NGC_TRITONSERVER = {
 
 
 def instructions(text: str) -> list[tuple[str, str]]:
-    """The Dockerfile's instructions as (INSTRUCTION, arguments), continuation lines joined and comments dropped."""
+    """The Dockerfile's instructions as (INSTRUCTION, arguments), continuation lines joined (blank and comment lines
+    inside one skipped, as Docker does) and comments dropped."""
     out: list[tuple[str, str]] = []
     pending = ""
     for raw in text.splitlines():
         line = raw.strip()
-        if not pending and (not line or line.startswith("#")):
-            continue
-        if pending and line.startswith("#"):  # a comment inside a continued instruction
+        if not line or line.startswith("#"):  # outside an instruction, or inside a continued one: skipped
             continue
         if line.endswith("\\"):
             pending += line[:-1] + " "
             continue
-        full = (pending + line).strip()
+        word, _, rest = (pending + line).strip().partition(" ")
         pending = ""
-        if full:
-            word, _, rest = full.partition(" ")
-            out.append((word.upper(), rest.strip()))
+        out.append((word.upper(), rest.strip()))
     return out
 
 
 def base_image(text: str) -> BaseImage:
-    """The NGC tritonserver release the Dockerfile ``text`` builds on (its first ``FROM``).
+    """The NGC tritonserver release the image of the Dockerfile ``text`` is (its last ``FROM``: the final stage).
 
     Raises:
         ValueError: the image is not ``nvcr.io/nvidia/tritonserver:<tag>-py3``, or a tag without a row in
             :data:`NGC_TRITONSERVER` (naming it).
     """
-    image = next(args for word, args in instructions(text) if word == "FROM").split()[0]
+    image = [args for word, args in instructions(text) if word == "FROM"][-1].split()[0]
     m = re.fullmatch(r"nvcr\.io/nvidia/tritonserver:(\d\d\.\d\d)-py3", image)
     if m is None:
         raise ValueError(f"FROM {image}: not NVIDIA's tritonserver image (nvcr.io/nvidia/tritonserver:YY.MM-py3)")
@@ -109,10 +106,13 @@ def copy_sources(text: str) -> list[str]:
     for word, args in instructions(text):
         if word not in ("COPY", "ADD"):
             continue
-        parts = json.loads(args) if args.startswith("[") else shlex.split(args)
-        if any(p.startswith("--from") for p in parts):
+        flags = re.match(r"((?:--\S+\s+)*)(.*)$", args)
+        assert flags is not None
+        if "--from" in flags.group(1):
             continue
-        sources += [p for p in parts[:-1] if not p.startswith("--")]
+        rest = flags.group(2)
+        parts = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
+        sources += parts[:-1]
     return sources
 
 
@@ -126,6 +126,9 @@ class Installs:
         no_deps: requirement strings installed with ``--no-deps``.
         sdists: requirement strings downloaded as source (``--no-binary :all:``) and built in the image.
         local: local paths installed (``.``: the project itself).
+        unchecked: pip commands, options and settings this reading cannot account for (another index, constraints,
+            pre-releases, an exec-form or heredoc ``RUN``, a pip command it does not parse): each would let the image
+            install something that :func:`resolve` does not check.
     """
 
     files: list[str] = field(default_factory=list)
@@ -133,22 +136,44 @@ class Installs:
     no_deps: list[str] = field(default_factory=list)
     sdists: list[str] = field(default_factory=list)
     local: list[str] = field(default_factory=list)
+    unchecked: list[str] = field(default_factory=list)
 
 
-_PIP = re.compile(r"(?:^|\s)(?:\S*python\S*\s+-m\s+pip|pip3?|\"\$PY\"\s+-m\s+pip)\s+(install|download)\s+(.*)$")
+# pip run as a program (any path or version suffix) or a module, with options before its command
+_PIP = re.compile(r"(?:^|\s)(?:\S*python[\d.]*\s+-m\s+pip|\S*\bpip[\d.]*|\"\$PY\"\s+-m\s+pip)"
+                  r"((?:\s+-[-\w]+(?:=\S+)?)*)\s+(install|download)\b(.*)$")
+_MENTIONS_PIP = re.compile(r"(?:^|[\s/\"'])pip[\d.]*(?:\s|$)")
 _OPTIONS_WITH_VALUE = {"-r", "--requirement", "-d", "--dest", "-c", "--constraint", "--no-binary", "--only-binary",
                        "-i", "--index-url", "--extra-index-url", "-f", "--find-links", "--target", "-t"}
+# options that make pip read another index, constraints or pre-releases: what resolve() checks would not be it
+_UNCHECKED_OPTIONS = ("-i", "--index-url", "--extra-index-url", "-f", "--find-links", "-c", "--constraint", "--pre")
+_UNCHECKED_ENV = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CONSTRAINT", "PIP_PRE")
 
 
-def _add_pip_command(verb: str, args: str, out: Installs) -> None:
-    words = shlex.split(args)
-    no_deps = "--no-deps" in words
-    source = "--no-binary" in words
+def _add_pip_command(command: str, out: Installs) -> None:
+    """The requirements of one shell command, when it runs pip (else nothing; an unparsed pip command: unchecked)."""
+    m = _PIP.search(" " + command.strip())
+    if m is None:
+        if _MENTIONS_PIP.search(" " + command):
+            out.unchecked.append(command.strip())
+        return
+    try:
+        verb, words = m.group(2), shlex.split(m.group(1) + " " + m.group(3))
+    except ValueError:  # quoting this reading does not follow (sh -c "pip ...")
+        out.unchecked.append(command.strip())
+        return
+    if any(w.split("=", 1)[0] in _UNCHECKED_OPTIONS or re.fullmatch(r"-[icf]\S+", w) for w in words):
+        out.unchecked.append(command.strip())
+    no_deps, source = "--no-deps" in words, any(w.startswith("--no-binary") for w in words)
     i = 0
     while i < len(words):
         w = words[i]
         if w in ("-r", "--requirement"):
             out.files.append(words[i + 1])
+        elif w.startswith("--requirement="):
+            out.files.append(w.split("=", 1)[1])
+        elif w.startswith("-r") and not w.startswith("--"):
+            out.files.append(w[2:])
         if w in _OPTIONS_WITH_VALUE:
             i += 2
             continue
@@ -163,34 +188,51 @@ def _add_pip_command(verb: str, args: str, out: Installs) -> None:
             (out.no_deps if no_deps else out.with_deps).append(w)
 
 
+def _commands(shell: str) -> list[str]:
+    """A shell text's simple commands (split at ``&&``, ``||``, ``;`` and ``|``; redirections dropped)."""
+    return [re.sub(r"\s\d*>.*$", "", c) for c in re.split(r"&&|\|\||;|\|", shell) if c.strip()]
+
+
+_SCRIPT = re.compile(r"(?:\b(?:ba)?sh(?:\s+-\w+)*\s+|(?:^|\s))(\.?/?[\w./-]+\.sh)\b")
+
+
 def _script_installs(script: Path, out: Installs) -> None:
     """The pip commands of a shell script the Dockerfile runs, with its ``NAME=value`` variables substituted."""
     text = script.read_text().replace("\\\n", " ")  # continuation lines joined
     variables = dict(re.findall(r"^([A-Z_]+)=([^\s$]+)$", text, re.M))
     for line in text.splitlines():
-        line = line.split(" 2>", 1)[0].strip()
+        line = line.strip()
         if line.startswith("#"):
             continue
         for name, value in variables.items():
             line = line.replace(f"${name}", value).replace(f"${{{name}}}", value)
-        m = _PIP.search(line)
-        if m:
-            _add_pip_command(m.group(1), m.group(2), out)
+        for command in _commands(line):
+            _add_pip_command(command, out)
 
 
 def installs(text: str, root: Path = ROOT) -> Installs:
-    """Every pip install of the Dockerfile ``text``: its ``RUN`` commands, and those of the repository's shell scripts
-    they run (``bash scripts/x.sh``)."""
+    """Every pip install of the Dockerfile ``text``: its ``RUN`` commands (``ONBUILD RUN`` too), and those of the
+    repository's shell scripts they run (``bash scripts/x.sh``, ``sh x.sh``, ``./x.sh``); what it cannot read goes to
+    :attr:`Installs.unchecked`."""
     out = Installs()
     for word, args in instructions(text):
+        if word == "ONBUILD":
+            word, _, args = args.partition(" ")
+            word = word.upper()
+        if word == "ENV":
+            out.unchecked += [f"ENV {v}" for v in _UNCHECKED_ENV if re.search(rf"\b{v}\b", args)]
         if word != "RUN":
             continue
-        for command in re.split(r"&&|;", args):
-            m = _PIP.search(" " + command.strip())
-            if m:
-                _add_pip_command(m.group(1), m.group(2), out)
-            for script in re.findall(r"\bbash\s+(\S+\.sh)\b", command):
-                _script_installs(root / script, out)
+        args = re.sub(r"^(--\S+\s+)*", "", args)  # RUN --mount=... and the like
+        if args.startswith(("[", "<<")):  # exec form, heredoc
+            if "pip" in args:
+                out.unchecked.append(f"RUN {args[:80]}")
+            continue
+        for command in _commands(args):
+            _add_pip_command(command, out)
+            for script in _SCRIPT.findall(command):
+                if (root / script).is_file():
+                    _script_installs(root / script, out)
     return out
 
 
@@ -274,7 +316,7 @@ def resolve(requirements: list[str], image: BaseImage, no_deps: bool = False, ti
     """
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
-        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-color",
                "--only-binary=:all:", "--python-version", image.python, "--implementation", "cp",
                "--target", str(Path(tmp) / "target"), "--report", str(report)]
         for platform in manylinux_platforms(image.glibc):
@@ -284,9 +326,14 @@ def resolve(requirements: list[str], image: BaseImage, no_deps: bool = False, ti
         proc = subprocess.run(cmd + list(requirements), capture_output=True, text=True, timeout=timeout,
                               env=_pip_env(), cwd=ROOT)
         if proc.returncode != 0 or not report.exists():
-            lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
-            errors = [ln for ln in lines if not ln.startswith(("WARNING:", "[notice]"))]
-            return Resolution(False, {}, {}, errors or lines or [f"pip exited with {proc.returncode}"])
+            # pip's errors (stderr) and, for a conflict, the requirements that cause it (stdout, before its hints)
+            errors = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip().startswith("ERROR:")]
+            out = proc.stdout.split("The conflict is caused by:", 1)
+            if len(out) == 2:
+                cause = out[1].split("To fix this", 1)[0]
+                errors.append("The conflict is caused by: " + "; ".join(ln.strip() for ln in cause.splitlines()
+                                                                        if ln.strip()))
+            return Resolution(False, {}, {}, errors or [f"pip exited with {proc.returncode}"])
         data = json.loads(report.read_text())
     installed = {normalise(i["metadata"]["name"]): i["metadata"]["version"] for i in data["install"]}
     requires = {normalise(i["metadata"]["name"]): list(i["metadata"].get("requires_dist") or [])
@@ -308,7 +355,7 @@ def failure_message(image: BaseImage, bad: dict[str, list[str]], errors: list[st
     where = f"Python {image.python} on manylinux_2_{image.glibc.split('.')[1]}_x86_64 ({image.image})"
     if bad:
         return "; ".join(f"{req} does not resolve for {where}: {' '.join(why[-3:])}" for req, why in bad.items())
-    return f"the requirements do not resolve together for {where}: {' '.join(errors[-6:])}"
+    return f"the requirements do not resolve together for {where}: {' '.join(errors[:12])}"
 
 
 def sdist_on_index(requirement: str, image: BaseImage, index: str = "https://pypi.org/simple") -> str | None:

@@ -8,6 +8,7 @@ the image the Dockerfile builds. These need the package registry (as ``make setu
 from __future__ import annotations
 
 import ast
+import fnmatch
 import importlib.metadata
 import json
 import os
@@ -48,11 +49,43 @@ def test_hadolint_finds_what_it_should(tmp_path):
     assert proc.returncode != 0 and "DL3006" in proc.stdout and "DL3042" in proc.stdout, proc.stdout
 
 
-def test_every_copy_source_exists():
+def _dockerignore() -> list[str]:
+    return [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()
+            if ln.strip() and not ln.startswith("#")]
+
+
+def test_every_copy_source_is_tracked_and_in_the_build_context():
+    """What the Dockerfile copies exists in a fresh clone (tracked by git, not merely present on this machine) and is
+    not left out of the build context by .dockerignore; the context leaves out the virtual environments."""
     sources = img.copy_sources(TEXT)
     assert "backend_src" in sources and "model_repository" in sources
-    missing = [s for s in sources if not (ROOT / s).exists()]
-    assert not missing, f"the Dockerfile copies {missing}, which do not exist in the repository"
+    tracked = subprocess.run(["git", "ls-files", "--", *sources], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+    untracked = [s for s in sources if not any(t == s or t.startswith(s.rstrip("/") + "/") for t in tracked)]
+    assert not untracked, f"the Dockerfile copies {untracked}, which git does not track (a fresh clone lacks them)"
+    ignored = [s for s in sources for pattern in _dockerignore()
+               if fnmatch.fnmatch(s, pattern) or fnmatch.fnmatch(s.split("/")[0], pattern)]
+    assert not ignored, f"the Dockerfile copies {ignored}, which .dockerignore leaves out of the build context"
+    assert {".venv", ".venv-*", ".git"} <= set(_dockerignore())
+
+
+def test_the_dockerfile_reading_accounts_for_every_pip_command():
+    """tests/image.py reads pip run any way (a path, a version suffix, options before install, a script run with sh)
+    and names what it cannot check: another index, constraints, exec-form RUN, ENV PIP_INDEX_URL, quoted sh -c."""
+    assert INSTALLS.unchecked == []
+    variant = img.installs("FROM x\n"
+                           "RUN pip --no-cache-dir install torch==9.9.9 \\\n\n && /usr/bin/pip3.12 install -rreq.txt\n"
+                           "RUN python3 -m pip install --requirement=other.txt --no-deps a==1 || true\n"
+                           "RUN sh scripts/build_suffix_tree.sh python3\n")
+    assert variant.with_deps[:1] == ["torch==9.9.9"] and variant.files == ["req.txt", "other.txt"]
+    assert variant.no_deps == ["a==1"] and variant.sdists == ["arctic-inference==0.3.0"] and not variant.unchecked
+    unchecked = img.installs('FROM x\nRUN ["python3", "-m", "pip", "install", "a"]\nENV PIP_INDEX_URL=http://x\n'
+                             'RUN pip install --index-url https://download.pytorch.org/whl/cpu torch\n'
+                             'RUN sh -c "pip install b"\n').unchecked
+    assert len(unchecked) == 4, unchecked
+    # the final stage is the image
+    with pytest.raises(ValueError, match="FROM ubuntu:22.04"):
+        img.base_image(f"FROM {BASE.image} AS build\nRUN true\nFROM ubuntu:22.04\n")
 
 
 def test_the_base_image_and_its_versions_are_named_in_the_dockerfile_and_the_deployment_docs():
