@@ -51,9 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         the non-zero status of :func:`exit_status`.
     """
     ap = argparse.ArgumentParser(prog="python -m spec_decode.launcher", description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
-    ap.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
-    ap.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
+    ap.add_argument("--http-port", type=_port("HTTP_PORT"), default=os.environ.get("HTTP_PORT", "8000"), metavar="PORT")
+    ap.add_argument("--grpc-port", type=_port("GRPC_PORT"), default=os.environ.get("GRPC_PORT", "8001"), metavar="PORT")
+    ap.add_argument("--metrics-port", type=_port("METRICS_PORT"), default=os.environ.get("METRICS_PORT", "8002"),
+                    metavar="PORT")
     ap.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
     ap.add_argument("--model", default=os.environ.get("MODEL", ""), metavar="PATH_OR_ID",
                     help="the target: a model folder, or a Hugging Face id resolved offline from the local cache "
@@ -72,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="a speculator folder in a published layout (EAGLE, EAGLE-3, Medusa, MLP speculator, Arctic), "
                          "served as the method its layout names beside the head make speculator trains (replacing it "
                          "when of the same method); repeatable; SPECULATORS=PATH[:PATH...]")
-    ap.add_argument("--openai-port", type=int, default=int(os.environ.get("OPENAI_PORT", 9000)),
+    ap.add_argument("--openai-port", type=_port("OPENAI_PORT"), default=os.environ.get("OPENAI_PORT", "9000"),
+                    metavar="PORT",
                     help="port of the OpenAI-compatible frontend (/v1/completions, /v1/chat/completions)")
     ap.add_argument("--no-openai", action="store_true", help="serve Triton's endpoints alone")
     ap.add_argument("--api-key-file", type=Path, default=os.environ.get("OPENAI_API_KEY_FILE") or None,
@@ -100,11 +102,20 @@ def main(argv: list[str] | None = None) -> int:
         ports["--openai-port / OPENAI_PORT"] = args.openai_port
     clashes = port_problems(ports, args.host)
     if clashes:  # before anything starts: tritonserver or the frontend would fail later, after the model loads
-        ap.error("; ".join(clashes))
+        _refuse("; ".join(clashes))
     try:
         check_flag_values(args.dtype, args.device, args.max_model_len, args.kv_cache_max_tokens)
     except ValueError as e:
-        ap.error(str(e))
+        _refuse(str(e))
+    if not (args.model_repository / "generate" / "config.pbtxt").is_file():
+        _refuse(f"--model-repository {str(args.model_repository)!r}: not a model repository (no generate/config.pbtxt)")
+    # the speculator folders given (SPECULATORS, then each --speculator; an empty value such as --speculator=$(UNSET)
+    # gives none; a folder given twice counts once), checked as folders before the model's conversion
+    paths = list(dict.fromkeys(str(Path(p).expanduser().resolve()) for p in args.speculator if p.strip()))
+    missing = [p for p in paths if not Path(p).is_dir()]
+    if missing:
+        _refuse(f"--speculator / SPECULATORS: not a folder: {', '.join(missing)} (give a speculator folder: "
+                f"config.json and its weights; docs/speculators.md)")
 
     embedded = not args.model or args.model.strip().lower() == "default"  # the embedded target, its draft and head
     if embedded:  # another target needs no embedded model
@@ -130,19 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         served_names = served_names or (name,)
     for model, params in (draft_overrides(args.draft_model) if args.draft_model else {}).items():
         overrides.setdefault(model, {}).update(params)
-    args.speculator = [p for p in args.speculator if p.strip()]  # an empty value (--speculator=$(UNSET)): none
-    if args.speculator:
-        paths = [str(Path(p).expanduser().resolve()) for p in args.speculator]
-        missing = [p for p in paths if not Path(p).is_dir()]
-        if missing:  # before tritonserver starts: its log would bury the same error
-            ap.error(f"--speculator / SPECULATORS: no such folder: {', '.join(missing)} (give a speculator folder: "
-                     f"config.json and its weights; docs/speculators.md)")
+    if paths:
         # the head make speculator trains ("auto") is the embedded target's: not beside another model
         speculator_path = ",".join([*(["auto"] if embedded else []), *paths])
         try:  # before tritonserver starts: draft_model's load would fail later, after the target's
             check_heads_fit(speculator_path, target_folder)
         except ValueError as e:  # a head made for another target (naming both), or a layout none of the loaders reads
-            ap.error(f"--speculator / SPECULATORS: {e}")
+            _refuse(f"--speculator / SPECULATORS: {e}")
         overrides.setdefault("draft_model", {})["speculator_path"] = speculator_path
     repo = prepare_repository(overrides, args.model_repository)
     server = TritonServer(repo, args.http_port, args.grpc_port, args.metrics_port, log_verbose=args.log_verbose,
@@ -182,6 +187,28 @@ def main(argv: list[str] | None = None) -> int:
         if frontend is not None:
             frontend.stop()
         server.stop()
+
+
+def _port(variable: str):
+    """argparse's type for a port flag whose default comes from ``variable``: an int in 1-65535, else an error naming
+    the flag's variable too (the value may have come from the environment)."""
+    def parse(value: str) -> int:
+        try:
+            port = int(value)
+        except ValueError:
+            port = -1
+        if not 0 < port < 65536:
+            raise argparse.ArgumentTypeError(f"{value!r} (the flag, or {variable}) is not a TCP port (1-65535)")
+        return port
+
+    return parse
+
+
+def _refuse(message: str) -> NoReturn:
+    """Refuse to start: one line on stderr (without argparse's usage, which says nothing of a value from the
+    environment) and exit status 2, as argparse's own errors."""
+    print(f"python -m spec_decode.launcher: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 def _curl_hint(frontend: OpenAIFrontend) -> str:

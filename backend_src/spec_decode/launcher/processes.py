@@ -7,6 +7,7 @@ read is skipped; a zombie counts as dead.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -178,19 +179,25 @@ def free_ports(n: int) -> list[int]:
 
 
 def port_problems(ports: dict[str, int], host: str) -> list[str]:
-    """What stops the servers from listening on ``ports`` at ``host``, checked before anything starts: a value that
-    is no TCP port, two endpoints on one port (tritonserver, or it and the OpenAI frontend, would fail to bind one), a
-    port that something already listens on.
+    """What stops the servers from listening on ``ports`` at ``host``, checked before anything starts: a host that
+    does not resolve or is no address of this machine, a value that is no TCP port, two endpoints on one port
+    (tritonserver, or it and the OpenAI frontend, would fail to bind one), a port that something already listens on.
 
     Args:
         ports: what each port is for (e.g. ``"--http-port / HTTP_PORT"``) -> the port.
-        host: the address the servers listen on (``0.0.0.0``, ``127.0.0.1``, ``::``, a name).
+        host: the address the servers listen on (``0.0.0.0``, ``127.0.0.1``, ``::``, a name such as ``localhost``).
 
     Returns:
-        One sentence per problem, naming the setting and the port; empty when every port is free. A port is probed by
-        binding it as the servers will (``SO_REUSEADDR``, as tritonserver and uvicorn do, so a port a closed server
-        left in TIME_WAIT counts as free); something may still take it before the servers start.
+        One sentence per problem, naming the setting (``--host / HOST`` once for a bad host) and the port; empty when
+        every port is free. A port is probed by binding it on every address ``host`` resolves to, as the servers will
+        (``SO_REUSEADDR``, as tritonserver and uvicorn do, so a port a closed server left in TIME_WAIT counts as free);
+        something may still take it before the servers start.
     """
+    try:
+        addresses = {(family, kind, proto, address[:2]) for family, kind, proto, _, address
+                     in socket.getaddrinfo(host or None, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)}
+    except socket.gaierror as e:
+        return [f"--host / HOST {host!r} does not resolve ({e.strerror})"]
     problems: list[str] = []
     seen: dict[int, str] = {}
     for name, port in ports.items():
@@ -201,13 +208,15 @@ def port_problems(ports: dict[str, int], host: str) -> list[str]:
         else:
             seen[port] = name
     for port, name in seen.items():
-        try:
-            family, kind, proto, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
-                                                                 flags=socket.AI_PASSIVE)[0]
-            with socket.socket(family, kind, proto) as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                s.bind(address)
-        except OSError as e:
-            problems.append(f"{name} {port} cannot be used on {host}: {e.strerror or e} (another server on it? choose "
-                            f"another port)")
+        for family, kind, proto, address in sorted(addresses):
+            try:
+                with socket.socket(family, kind, proto) as s:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    s.bind((address[0], port))
+            except OSError as e:
+                if e.errno == errno.EADDRNOTAVAIL:
+                    return [f"--host / HOST {host!r} is not an address of this machine ({e.strerror})"]
+                problems.append(f"{name} {port} cannot be used on {address[0]}: {e.strerror or e} (another server "
+                                f"on it? choose another port)")
+                break
     return problems

@@ -97,3 +97,65 @@ def test_the_launcher_refuses_a_head_made_for_another_target_before_it_starts_an
 
 def _never(*args, **kwargs):
     raise AssertionError("the launcher started something")
+
+
+def _refusal(capsys, argv, monkeypatch, **env) -> str:
+    """The one line the launcher refuses ``argv`` with (exit status 2), nothing started."""
+    monkeypatch.setattr(launcher, "prepare_default_model", _never)
+    monkeypatch.setattr(launcher.TritonServer, "start", _never)
+    for var in ("HTTP_PORT", "GRPC_PORT", "METRICS_PORT", "OPENAI_PORT", "SPECULATORS", "MODEL"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    with pytest.raises(SystemExit) as e:
+        launcher.main(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_a_port_variable_that_is_no_port_is_named_not_a_traceback(monkeypatch, capsys):
+    """Kubernetes sets <SERVICE>_PORT=tcp://IP:PORT for the Services of a namespace: a Service named http would."""
+    line = _refusal(capsys, [], monkeypatch, HTTP_PORT="tcp://10.0.0.1:8000")
+    assert line.endswith("argument --http-port: 'tcp://10.0.0.1:8000' (the flag, or HTTP_PORT) is not a TCP port "
+                         "(1-65535)"), line
+    # the flag wins over the variable
+    ports = [str(p) for p in free_ports(4)]
+    line = _refusal(capsys, ["--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2],
+                             "--openai-port", ports[3], "--kv-cache-max-tokens", "8"], monkeypatch, HTTP_PORT="abc")
+    assert "--kv-cache-max-tokens 8: at least 1024" in line, line
+
+
+@pytest.mark.parametrize("host, why", [("nonexistent.invalid", "does not resolve"),
+                                       ("192.0.2.1", "is not an address of this machine")])
+def test_a_bad_host_is_named_once(monkeypatch, capsys, host, why):
+    line = _refusal(capsys, ["--host", host], monkeypatch)
+    assert line == f"python -m spec_decode.launcher: error: --host / HOST {host!r} {why}" + line.split(why, 1)[1]
+    assert "PORT" not in line
+
+
+def test_a_missing_model_repository_and_a_file_as_a_head_are_refused_before_the_models_conversion(
+        monkeypatch, capsys, tmp_path):
+    ports = [str(p) for p in free_ports(4)]
+    flags = ["--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2], "--openai-port", ports[3]]
+    line = _refusal(capsys, [*flags, "--model-repository", str(tmp_path / "none")], monkeypatch)
+    assert "--model-repository" in line and "not a model repository" in line, line
+    file = tmp_path / "head.safetensors"
+    file.write_bytes(b"")
+    line = _refusal(capsys, [*flags, "--speculator", str(file)], monkeypatch)
+    assert line.endswith(f"--speculator / SPECULATORS: not a folder: {file} (give a speculator folder: config.json "
+                         f"and its weights; docs/speculators.md)"), line
+
+
+def test_one_head_given_by_the_variable_and_the_flag_counts_once(monkeypatch, tmp_path, real_model_dir):
+    from tests.speculator_checkpoints.eagle import write_eagle3
+
+    head = tmp_path / "head"
+    write_eagle3(head, 32, 97, 4, 2, 64, 48, layer_ids=[0, 1, 1])
+    asked = []
+    monkeypatch.setattr(launcher, "check_heads_fit", lambda path, target: asked.append(path) or _never())
+    monkeypatch.setenv("SPECULATORS", str(head))
+    ports = [str(p) for p in free_ports(4)]
+    with pytest.raises(AssertionError, match="started something"):
+        launcher.main(["--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2], "--openai-port",
+                       ports[3], "--speculator", str(head)])
+    assert asked == [f"auto,{head}"]

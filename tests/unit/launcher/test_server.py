@@ -83,4 +83,4 @@ def test_speculator_flags_and_the_speculators_variable_serve_heads_beside_the_tr
     with pytest.raises(SystemExit) as exit_:
         launcher.main(["--speculator", "c", "--speculator", "nope"])
     assert exit_.value.code == 2 and len(seen) == 2
-    assert f"no such folder: {tmp_path / 'nope'}" in capsys.readouterr().err
+    assert f"not a folder: {tmp_path / 'nope'}" in capsys.readouterr().err

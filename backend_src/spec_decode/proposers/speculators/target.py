@@ -42,20 +42,24 @@ class TargetInfo:
         ``text_config``).
 
         Raises:
-            SpeculatorLoadError: no readable config, or sizes missing from it.
+            SpeculatorLoadError: no readable config, not a JSON object, or sizes missing from it or not integers.
         """
         file = Path(path) / "config.json"
         try:
             cfg = json.loads(file.read_text())
         except (OSError, ValueError) as e:
             raise SpeculatorLoadError(file, "config.json", f"the target's config does not read ({e})") from None
-        text = cfg.get("text_config") or cfg
+        text = cfg.get("text_config") or cfg if isinstance(cfg, dict) else None
+        if not isinstance(text, dict):
+            raise SpeculatorLoadError(file, "config.json", "the target's config is not a JSON object")
         try:
             return cls(Path(path), int(text["hidden_size"]), int(text["vocab_size"]), int(text["num_hidden_layers"]),
                        tuple(cfg.get("architectures") or ()), int(text.get("max_position_embeddings") or 0),
                        bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))))
         except KeyError as e:
             raise SpeculatorLoadError(file, str(e.args[0]), "missing from the target's config") from None
+        except (TypeError, ValueError) as e:  # null, a string, a list where a size belongs
+            raise SpeculatorLoadError(file, "config.json", f"the target's sizes are not integers ({e})") from None
 
     @classmethod
     def from_model(cls, model: torch.nn.Module) -> TargetInfo:
