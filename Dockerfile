@@ -2,10 +2,11 @@
 #
 # Base image: nvcr.io/nvidia/tritonserver:26.09-py3 = Triton Inference Server 2.73.0 on Ubuntu 24.04 (glibc 2.39) with
 # Python 3.12 and CUDA 13.4.1 (NGC release notes, "Triton Inference Server Release 26.09"; the server repository's
-# build.py for that release). Why this tag: the newest release whose contents are published in full; its Python meets
-# the project's floor (>= 3.11, pyproject.toml: transformers 5.21 and later need it) and every pin of
-# requirements-serve.txt has a cp312 wheel for it; PyPI's torch 2.13.0 is the CUDA 13.0 build (nvidia-cuda-runtime
-# 13.0), which runs on this CUDA 13 stack. 24.10 (Python 3.10) cannot install transformers 5.24.
+# build.py for that release). Why this tag: the newest release whose Triton version and Ubuntu base could be confirmed
+# when it was chosen (26.10's release notes give its CUDA only); its Python meets the project's floor (>= 3.11,
+# pyproject.toml: transformers 5.21 and later need it) and every pin of requirements-serve.txt has a cp312 wheel for
+# it; PyPI's torch 2.13.0 is the CUDA 13.0 build (nvidia-cuda-runtime 13.0), which runs on this CUDA 13 stack. 24.10
+# (Python 3.10) cannot install transformers 5.24.
 # Checked without Docker by tests/unit/deploy/test_image.py (hadolint, every COPY source, the pins resolved with pip
 # for cp312 / manylinux_2_39_x86_64).
 #
