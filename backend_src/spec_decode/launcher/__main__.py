@@ -49,6 +49,11 @@ def main(argv: list[str] | None = None) -> int:
         The exit status: 0 after Ctrl-C or SIGTERM (tritonserver is stopped first); 1 when a model fails to load
         (tritonserver's log names it and why); when tritonserver dies by itself, or the healer could not restart it,
         the non-zero status of :func:`exit_status`.
+
+    Raises:
+        SystemExit: status 2, with one line naming the setting, before anything starts: a bad flag or variable, a
+            host that does not resolve, ports that clash or are in use, a missing model repository, a speculator
+            path that is not a folder or a head made for another target (docs/deployment.md lists them).
     """
     ap = argparse.ArgumentParser(prog="python -m spec_decode.launcher", description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--http-port", type=_port("HTTP_PORT"), default=os.environ.get("HTTP_PORT", "8000"), metavar="PORT")
