@@ -1,8 +1,8 @@
 """Published EAGLE heads: EAGLE-1/2 (spec_decode.proposers.eagle.published.load_eagle1: the authors' layout and vLLM's
-conversion) and EAGLE-3 (spec_decode.proposers.eagle.eagle3.load_eagle3: ``LlamaForCausalLMEagle3`` and the authors'
-trainer's ``LlamaForCausalLM`` + ``draft_vocab_size``): detection, the loaded head's teacher-forced logits against the
-published maths written here with plain torch ops straight from the raw weights, and each load error naming the file
-and the key."""
+conversion) and EAGLE-3 (spec_decode.proposers.eagle.eagle3_published.load_eagle3: ``LlamaForCausalLMEagle3`` and the
+authors' trainer's ``LlamaForCausalLM`` + ``draft_vocab_size``): detection, the loaded head's teacher-forced logits
+against the published maths written here with plain torch ops straight from the raw weights, and each load error naming
+the file and the key."""
 
 import json
 import math

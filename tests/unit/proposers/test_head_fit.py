@@ -218,13 +218,14 @@ class _NoDataSafeOpen:
 def test_no_weight_data_is_read(heads, targets, monkeypatch):
     # the loaders' reader, safetensors' tensors and an unmapped torch.load fail: a memory-mapped pickle is read for its
     # structure only (a tensor's data is read when it is used)
-    from spec_decode.proposers.eagle import eagle3, published
-    from spec_decode.proposers.speculators import arctic, checkpoint, medusa, mlp
+    from spec_decode.proposers.eagle import eagle3_published, published
+    from spec_decode.proposers.speculators import arctic, checkpoint, mlp
+    from spec_decode.proposers.speculators.medusa import published as medusa
 
     def refuse(*args, **kwargs):
         raise AssertionError("weight data read")
 
-    for module in (checkpoint, eagle3, published, medusa, mlp, arctic):
+    for module in (checkpoint, eagle3_published, published, medusa, mlp, arctic):
         monkeypatch.setattr(module, "load_weights", refuse)
     monkeypatch.setattr(safetensors, "safe_open", _NoDataSafeOpen)
     monkeypatch.setattr("safetensors.torch.load_file", refuse)

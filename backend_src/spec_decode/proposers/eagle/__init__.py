@@ -4,7 +4,8 @@ kept."""
 
 from .artifacts import REPORT_FILE, default_eagle_dir
 from .context import EagleContext
-from .eagle3 import Eagle3Head, load_eagle3
+from .eagle3 import Eagle3Head
+from .eagle3_published import load_eagle3
 from .model import EagleHead, eagle_config
 from .proposer import Eagle3Proposer, EagleProposer
 from .published import load_eagle1

@@ -23,7 +23,8 @@ from ..speculators.base import SpeculatorSettings, check_hidden_states, head_ser
 from ..speculators.layouts import aux_hidden_state_layers
 from ..speculators.target import TargetInfo
 from .context import EagleContext, HeadKV
-from .eagle3 import Eagle3Head, load_eagle3
+from .eagle3 import Eagle3Head
+from .eagle3_published import load_eagle3
 from .model import EagleHead
 from .published import load_eagle1
 

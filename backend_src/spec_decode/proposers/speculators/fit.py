@@ -5,7 +5,7 @@ file's header, against the target's ``config.json``, with the checks its loader 
 A published head is made for one target: EAGLE's ``fc`` and embedding, EAGLE-3's ``fc`` over three of its layers,
 Medusa's and the MLP speculators' blocks and projections all have the target's hidden size and vocabulary (the
 loaders: :func:`~spec_decode.proposers.eagle.published.check_eagle1_config`,
-:func:`~spec_decode.proposers.eagle.eagle3.check_eagle3_config`, :func:`~.medusa.check_medusa_fit`,
+:func:`~spec_decode.proposers.eagle.eagle3_published.check_eagle3_config`, :func:`~.medusa.check_medusa_fit`,
 :func:`~.mlp.check_mlp_config`, :func:`~.arctic.check_arctic_config`). A head for another target would otherwise
 only fail when draft_model loads it, after the servers have started.
 """
@@ -101,7 +101,7 @@ def declared_target(folder: Path, method: str) -> dict[str, Any]:
 
 def _checks() -> dict[str, Callable[[Path, TargetInfo], object]]:
     """method -> the check its loader begins with (imported here: the loaders import this package)."""
-    from ..eagle.eagle3 import check_eagle3_config
+    from ..eagle.eagle3_published import check_eagle3_config
     from ..eagle.published import check_eagle1_config
     from .arctic import check_arctic_config
     from .medusa import check_medusa_fit
@@ -120,7 +120,7 @@ def check_heads_fit(speculator_path: str, target_folder: Path | str) -> None:
     Each head goes through the check its loader begins with, against :meth:`TargetInfo.from_folder
     <.target.TargetInfo.from_folder>` (the target's ``config.json`` only): EAGLE-1/2's Llama config
     (:func:`~spec_decode.proposers.eagle.published.check_eagle1_config`: ``hidden_size``, ``vocab_size``; SafeAILab/
-    EAGLE, vLLM ``eagle.py``), EAGLE-3's (:func:`~spec_decode.proposers.eagle.eagle3.check_eagle3_config`:
+    EAGLE, vLLM ``eagle.py``), EAGLE-3's (:func:`~spec_decode.proposers.eagle.eagle3_published.check_eagle3_config`:
     ``target_hidden_size`` or ``hidden_size``, ``vocab_size``, the auxiliary layer ids among the target's layers;
     vLLM ``llama_eagle3.py``, the ``speculators`` library), Medusa's (:func:`~.medusa.check_medusa_fit`: the
     config's sizes, or FasterDecoding's blocks and projections from the weights file's header; FasterDecoding/Medusa,
