@@ -194,7 +194,7 @@ def check_lstm_config(folder: Path, target: TargetInfo, cfg: dict[str, Any] | No
     """An ``ArcticLSTMSpeculatorPreTrainedModel`` folder's ``config.json`` checked against the target without reading
     its weights (ArcticTraining ``ArcticLSTMSpeculatorConfig``, Arctic Inference ``ArcticLSTMSpeculator.__init__``):
     input_hidden_dim = its hidden size, vocab_size = its vocabulary; single-width stages, proj_dim and emb_dim equal
-    to inner_dim, a known ``method``. What :func:`build_lstm_head` checks first.
+    to inner_dim, a known ``method``. What :func:`load_arctic` checks first for an LSTM speculator.
 
     Args:
         folder: the head's folder.
@@ -219,19 +219,10 @@ def check_lstm_config(folder: Path, target: TargetInfo, cfg: dict[str, Any] | No
     return LSTMConfig(cfg, n, hidden, vocab, inner, method, tie, scale)
 
 
-def build_lstm_head(cfg: dict[str, Any], folder: Path, target: TargetInfo) -> MLPSpeculatorHead | ArcticLSTMHead:
-    """The head of an ``ArcticLSTMSpeculatorPreTrainedModel`` folder: ``sum_rnn`` as an :class:`MLPSpeculatorHead`,
-    ``sum_lstm`` as an :class:`ArcticLSTMHead` (Arctic Inference ``ArcticLSTMSpeculator.__init__`` and
-    ``load_weights``), checked against ``target``: input_hidden_dim = its hidden size, vocab_size = its vocabulary.
-
-    Raises:
-        SpeculatorLoadError: a config value or weight that does not fit (naming the file and the key).
-    """
-    return lstm_head(check_lstm_config(folder, target, cfg), folder)
-
-
 def lstm_head(c: LSTMConfig, folder: Path) -> MLPSpeculatorHead | ArcticLSTMHead:
-    """The head of a checked LSTM config (:func:`check_lstm_config`) from the folder's weights.
+    """The head of a checked LSTM config (:func:`check_lstm_config`) from the folder's weights: ``sum_rnn`` as an
+    :class:`MLPSpeculatorHead`, ``sum_lstm`` as an :class:`ArcticLSTMHead` (Arctic Inference
+    ``ArcticLSTMSpeculator.__init__`` and ``load_weights``).
 
     Raises:
         SpeculatorLoadError: a config value or weight that does not fit (naming the file and the key).

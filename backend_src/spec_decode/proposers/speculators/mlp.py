@@ -242,8 +242,8 @@ def check_mlp_config(folder: Path, target: TargetInfo, cfg: dict[str, Any] | Non
     """An MLP speculator's ``config.json`` (the MLPSpeculatorConfig keys: ``emb_dim``, ``inner_dim`` (0: emb_dim),
     ``vocab_size``, ``n_predict``, ``tie_weights``, ``scale_input``; vLLM ``transformers_utils/configs/
     mlp_speculator.py``) checked against the target without reading its weights: emb_dim = its hidden size,
-    vocab_size = its vocabulary. What :func:`build_mlp_head` checks first, and the launcher before it starts anything
-    (:func:`~spec_decode.proposers.speculators.check_heads_fit`).
+    vocab_size = its vocabulary. What :func:`load_mlp_speculator` (and Arctic's loader) checks first, and the launcher
+    before it starts anything (:func:`~spec_decode.proposers.speculators.check_heads_fit`).
 
     Args:
         folder: the head's folder.
@@ -267,16 +267,6 @@ def check_mlp_config(folder: Path, target: TargetInfo, cfg: dict[str, Any] | Non
     return MLPConfig(n, hidden, vocab, inner, tie, scale)
 
 
-def build_mlp_head(cfg: dict[str, Any], folder: Path, target: TargetInfo) -> MLPSpeculatorHead:
-    """An :class:`MLPSpeculatorHead` from a read ``config.json`` of the MLPSpeculatorConfig keys
-    (:func:`check_mlp_config`) and the folder's weights, checked against ``target``.
-
-    Raises:
-        SpeculatorLoadError: a config value or weight that does not fit (naming the file and the key).
-    """
-    return mlp_head(check_mlp_config(folder, target, cfg), folder)
-
-
 def mlp_head(c: MLPConfig, folder: Path) -> MLPSpeculatorHead:
     """The :class:`MLPSpeculatorHead` of a checked config (:func:`check_mlp_config`) from the folder's weights.
 
@@ -296,7 +286,7 @@ def load_mlp_speculator(folder: Path, target: TargetInfo) -> MLPSpeculatorHead:
     Raises:
         SpeculatorLoadError: naming the file and the key that does not fit.
     """
-    return build_mlp_head(read_config(Path(folder)), Path(folder), target)
+    return mlp_head(check_mlp_config(Path(folder), target), Path(folder))
 
 
 def propose_chain(proposer: HeadProposer, requests: list[ProposalRequest], purpose: NoisePurpose
