@@ -22,6 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
 
@@ -260,8 +262,8 @@ class Resolution:
 
     Attributes:
         ok: pip resolved every requirement.
-        installed: normalised project name -> version pip would install (empty when not ok).
-        requires: normalised project name -> its ``Requires-Dist`` lines.
+        installed: canonical project name (PEP 503) -> version pip would install (empty when not ok).
+        requires: canonical project name (PEP 503) -> its ``Requires-Dist`` lines.
         errors: pip's ``ERROR:`` lines (and the lines that explain them) when not ok.
     """
 
@@ -269,11 +271,6 @@ class Resolution:
     installed: dict[str, str]
     requires: dict[str, list[str]]
     errors: list[str]
-
-
-def normalise(name: str) -> str:
-    """A project name as PyPI compares them (PEP 503)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def target_environment(image: BaseImage) -> dict[str, str]:
@@ -335,8 +332,8 @@ def resolve(requirements: list[str], image: BaseImage, no_deps: bool = False, ti
                                                                         if ln.strip()))
             return Resolution(False, {}, {}, errors or [f"pip exited with {proc.returncode}"])
         data = json.loads(report.read_text())
-    installed = {normalise(i["metadata"]["name"]): i["metadata"]["version"] for i in data["install"]}
-    requires = {normalise(i["metadata"]["name"]): list(i["metadata"].get("requires_dist") or [])
+    installed = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in data["install"]}
+    requires = {canonicalize_name(i["metadata"]["name"]): list(i["metadata"].get("requires_dist") or [])
                 for i in data["install"]}
     return Resolution(True, installed, requires, [])
 
@@ -370,7 +367,7 @@ def sdist_on_index(requirement: str, image: BaseImage, index: str = "https://pyp
 
     req = Requirement(requirement)
     version = next(iter(req.specifier)).version
-    page = urllib.request.Request(f"{index}/{normalise(req.name)}/",
+    page = urllib.request.Request(f"{index}/{canonicalize_name(req.name)}/",
                                   headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     with urllib.request.urlopen(page, timeout=60) as r:
         files = json.load(r)["files"]
@@ -380,7 +377,7 @@ def sdist_on_index(requirement: str, image: BaseImage, index: str = "https://pyp
             name, found = parse_sdist_filename(f["filename"])
         except InvalidSdistFilename:  # a wheel, or another kind of file
             continue
-        if normalise(name) == normalise(req.name) and str(found) == version:
+        if canonicalize_name(name) == canonicalize_name(req.name) and str(found) == version:
             sdists.append(f)
     if not sdists:
         return f"{requirement}: no source distribution on {index}"

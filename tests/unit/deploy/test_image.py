@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 
 from tests import image as img
 from tests.kustomize import render
@@ -163,7 +164,7 @@ def test_the_image_installs_what_this_test_resolves():
 
 def test_every_requirement_of_the_image_resolves_for_its_python_and_platform(resolution, image_requirements):
     for req in map(Requirement, image_requirements):
-        name = img.normalise(req.name)
+        name = canonicalize_name(req.name)
         assert name in resolution.installed, name
         assert req.specifier.contains(resolution.installed[name], prereleases=True), (req, resolution.installed[name])
 
@@ -216,7 +217,7 @@ def test_every_module_the_server_imports_is_installed_in_the_image(resolution):
     dists = importlib.metadata.packages_distributions()
     missing = {}
     for module in sorted(modules):
-        names = {img.normalise(d) for d in dists.get(module, [])}
+        names = {canonicalize_name(d) for d in dists.get(module, [])}
         if not names & set(resolution.installed):
             missing[module] = sorted(names) or ["(not installed here either)"]
     assert not missing, f"imported by the server but not installed in the image: {missing}"
