@@ -183,7 +183,8 @@ class LMSettings(ConfigSettings):
     Attributes:
         device: ``auto`` (an instance of kind KIND_GPU: its GPU; otherwise cuda when available), ``cpu``, ``cuda``,
             ``cuda:N``.
-        dtype: ``auto`` (float32 on CPU, bfloat16 on CUDA), ``float32``, ``float16``, ``bfloat16``.
+        dtype: ``auto`` (bfloat16 on CUDA and on a CPU that multiplies it natively with batch-invariant kernels, else
+            float32: :func:`spec_decode.engine.dtype_choice.choose_dtype`), ``float32``, ``float16``, ``bfloat16``.
         max_sequences: KV caches of running sequences kept (LRU), >= 1; as many released ones are kept for prefix
             reuse.
         kv_cache_max_tokens: the positions of the paged KV pool (running sequences and released ones' pages kept for

@@ -2,23 +2,24 @@
 
 The target is a Llama-architecture model with random weights (on CUDA about 1.2B parameters: 16 layers, hidden 2048,
 vocabulary 128256; the embedded default model does not travel to the GPU machine), the draft LM its first two layers
-with its embeddings and head (an early-exit draft), and one random head of each published speculator layout of its
-sizes (:mod:`.speculators`: EAGLE-1, EAGLE-3, Medusa, the MLP speculator, Arctic's LSTM), all served by one
-draft_model through ``speculator_path`` (``target_model_path`` set; the target built with draft_model's parameters, so
-that it returns the EAGLE-3 head's auxiliary hidden states). They are served in process by
+with its embeddings and head (an early-exit draft), and one random head of each published speculator layout of its sizes
+(:mod:`.speculators`: EAGLE-1, EAGLE-3, Medusa, the MLP speculator, Arctic's LSTM), all served by one draft_model
+through ``speculator_path`` (``target_model_path`` set; the target built with draft_model's parameters, so that it
+returns the EAGLE-3 head's auxiliary hidden states). They are served in process by
 :class:`spec_decode.serving.local_ensemble.LocalEnsemble` (the three served backends, rows stacked and padded as the
 Triton ensemble passes them), greedy, k = :data:`~bench.gpu_check.context.K_DECODE`, each step bringing the hidden
-states the previous one returned (as generate sends them). In float32 every method's output at batch 1 and 8 must
-equal the target's plain greedy decoding by transformers' ``generate`` token for token; in bfloat16 the same comparison
-is reported, a divergence at a near-tie of the reference's two best logits counted as such (bfloat16's rounding
-differs between a 1-position and a k+1-position forward). Each model proposer must draft, at most k or its head's
-number of predicted positions per step and, drafting every slot, exactly that many once it has hidden states. The
-heads' other published layouts (EAGLE-1 and Medusa as vLLM converts them, the MLP speculator as Arctic's
-``ArcticMLPSpeculatorPreTrainedModel``) must draft what the served ones draft from the same states. Then the forward
-cost of 1-9 new positions on 300-token caches at batch 1 and 8 (target and early-exit draft), the KV pool and the CUDA
-graphs each model captured at load (none in CPU mode: the same code runs eagerly), and the forward's goals against the
-roofline (:func:`goals`).
-"""
+states the previous one returned (as generate sends them). In float32 every method's output at batch 1 and 8 must equal
+the target's plain greedy decoding by transformers' ``generate`` token for token; in bfloat16 the same comparison is
+reported, a divergence at a near-tie of the reference's two best logits counted as such (bfloat16's rounding differs
+between a 1-position and a k+1-position forward). Where the engine runs its batch-invariant forward (a CPU in bfloat16:
+:mod:`spec_decode.engine.invariant_attention`) the reference is the engine's own plain decoding, which every method must
+equal token for token, and plain decoding's divergences from transformers' are reported beside it. Each model proposer
+must draft, at most k or its head's number of predicted positions per step and, drafting every slot, exactly that many
+once it has hidden states. The heads' other published layouts (EAGLE-1 and Medusa as vLLM converts them, the MLP
+speculator as Arctic's ``ArcticMLPSpeculatorPreTrainedModel``) must draft what the served ones draft from the same
+states. Then the forward cost of 1-9 new positions on 300-token caches at batch 1 and 8 (target and early-exit draft),
+the KV pool and the CUDA graphs each model captured at load (none in CPU mode: the same code runs eagerly), and the
+forward's goals against the roofline (:func:`goals`)."""
 
 from __future__ import annotations
 
@@ -487,15 +488,24 @@ def decoding(ctx: Context, deadline: float, dtypes: Sequence[str] = ("float32", 
             for method in DECODING_METHODS:
                 for batch in (1, 2):
                     decode(ctx, ens[method], method, warm * batch, batch, max_tokens=6)
-            ref = reference(model, prompts, s.max_tokens)
+            hf_ref = reference(model, prompts, s.max_tokens)
+            # a CPU in bfloat16 runs the batch-invariant forward: every method must give the engine's own plain
+            # decoding bit for bit, and plain decoding's distance from transformers' (another kernel order) is reported
+            invariant = ens[NO_SPECULATION].target.lm.batch_invariant
             for batch in (1, 8):
                 use = prompts if batch > 1 else prompts[: max(2, len(prompts) // 2)]
-                for method in DECODING_METHODS:
+                ref = hf_ref
+                for method in (NO_SPECULATION, *(m for m in DECODING_METHODS if m != NO_SPECULATION)):
                     if time.perf_counter() > deadline:
                         res["runs"].append({"dtype": dtype, "batch": batch, "method": method,
                                             "skipped": "time budget"})
                         continue
                     r = decode(ctx, ens[method], method, use, batch, s.max_tokens)
+                    off_hf = None
+                    if invariant and method == NO_SPECULATION:
+                        off = [i for i, (a, b) in enumerate(zip(hf_ref, r["outputs"])) if a != b]
+                        off_hf = [divergence(model, prompts[i], hf_ref[i], r["outputs"][i], dtype) for i in off]
+                        ref = r["outputs"]
                     tokens = s.max_tokens * len(use)
                     mismatched = [i for i, (a, b) in enumerate(zip(ref, r["outputs"])) if a != b]
                     run = {"dtype": dtype, "batch": batch, "method": method, "sequences": len(use),
@@ -504,8 +514,14 @@ def decoding(ctx: Context, deadline: float, dtypes: Sequence[str] = ("float32", 
                            "acceptance_rate": r["accepted"] / r["drafted"] if r["drafted"] else None,
                            "drafts_per_step": r["drafts_per_step"], "drafts_cap": drafts_cap(method),
                            "equal_to_plain_greedy": not mismatched, "mismatched_sequences": len(mismatched)}
+                    if off_hf is not None:
+                        run["reference"] = "the engine's plain decoding (batch-invariant forward)"
+                        run["differs_from_transformers"] = off_hf
                     check_drafts(ctx, run)
-                    if mismatched:
+                    if mismatched and invariant:
+                        ctx.fail(f"decoding {dtype} batch {batch} {method}: {len(mismatched)} sequences differ from "
+                                 f"plain decoding on a batch-invariant forward")
+                    elif mismatched:
                         d = [divergence(model, prompts[i], ref[i], r["outputs"][i], dtype) for i in mismatched]
                         run["divergences"] = d
                         run["divergences_at_near_ties"] = all(x["near_tie"] for x in d)

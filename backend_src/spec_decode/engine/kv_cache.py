@@ -28,6 +28,7 @@ from ..sequences import SequenceLRU, common_prefix_len
 from ..settings import InvalidInputError
 from .aux_states import AuxHiddenStates
 from .blocks import PrefixCacheStats
+from .invariant_attention import MIN_ROWS_LINEAR, use_invariant_attention
 from .kv_pool import KVPool, kv_shape, pool_tokens
 from .paged_forward import (
     BATCH_BUCKETS,
@@ -91,6 +92,10 @@ class CachedCausalLM:
         gpu_memory_utilization: on CUDA, the fraction of the device's memory the process may fill with the pool.
         pad_shapes: pad every round to the bucketed batch and query sizes (always so for a captured round; by default
             eager rounds run at their exact sizes, which a CPU computes faster).
+        batch_invariant: compute every position's logits bit for bit alike whatever else the round holds (the
+            attention of :mod:`.invariant_attention`; every round at least :data:`~.invariant_attention.MIN_ROWS_LINEAR`
+            query rows), so that speculative greedy output is plain decoding's; ``auto``: on a CPU in a dtype other
+            than float32 (float32's kernels already agree to ~1e-5 there; the CUDA forward is a separate matter).
 
     Thread safety: calls are serialised by a lock (one forward at a time per model instance).
 
@@ -103,7 +108,7 @@ class CachedCausalLM:
     def __init__(self, model, max_sequences: int = 64, max_batched_new_tokens: int = 16,
                  max_padded_positions: int = 2048, max_tokens: int = 0, prefix_caching: bool = True,
                  block_size: int = 16, aux_layers: tuple[int, ...] = (), cuda_graphs: str = "auto",
-                 gpu_memory_utilization: float = 0.9, pad_shapes: bool = False):
+                 gpu_memory_utilization: float = 0.9, pad_shapes: bool = False, batch_invariant: bool | str = "auto"):
         if max_sequences < 1:
             raise ValueError(f"max_sequences must be >= 1, got {max_sequences}")
         if max_tokens < 0:
@@ -125,6 +130,11 @@ class CachedCausalLM:
         self.pad_shapes = pad_shapes
         first = next(model.parameters())
         self.device, self.dtype = first.device, first.dtype
+        if batch_invariant == "auto":
+            batch_invariant = self.device.type == "cpu" and self.dtype != torch.float32
+        self.batch_invariant = bool(batch_invariant)
+        if self.batch_invariant:
+            use_invariant_attention(model)
         self.vocab_size = int(model.config.vocab_size)
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 0)  # 0: no bound known
         layers, kv_heads, head_dim = kv_shape(model.config)
@@ -296,6 +306,10 @@ class CachedCausalLM:
         if self.pad_shapes:
             b = bucket(b, BATCH_BUCKETS)
             q = bucket(q, QUERY_BUCKETS) if q <= QUERY_BUCKETS[-1] else -(-q // self.block_size) * self.block_size
+        if self.batch_invariant and b * q < MIN_ROWS_LINEAR:  # a one-row product runs another kernel
+            q = -(-MIN_ROWS_LINEAR // b)
+        if self.batch_invariant and b * o < MIN_ROWS_LINEAR:
+            o = min(q, -(-MIN_ROWS_LINEAR // b))
         return RoundShape(b, q, o, p), False
 
     def _forward(self, rows: list[RoundRow]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -313,15 +327,15 @@ class CachedCausalLM:
             logits, hidden = self._forward_fn.run(unpack_round(flat, shape), span=self._span(rows, shape))
         return [(logits[r, : row.n_logits], hidden[r, : row.n_logits]) for r, row in enumerate(rows)]
 
-    def _span(self, rows: list[RoundRow], shape: RoundShape) -> tuple[int, int] | None:
-        """(first slot, length) when the eager round is one row, unpadded, whose pages follow each other (its keys
+    def _span(self, rows: list[RoundRow], shape: RoundShape) -> tuple[int, int, int] | None:
+        """(first slot, length, new tokens) when the eager round is one row whose pages follow each other (its keys
         are then written and read as slices of the pool, :class:`~.kv_pool.PagedCache`), else None."""
-        if shape.batch != 1 or len(rows) != 1 or shape.query != len(rows[0].new_ids):
+        if shape.batch != 1 or len(rows) != 1:
             return None
         pages = rows[0].pages
         if pages[-1] - pages[0] != len(pages) - 1 or any(b - a != 1 for a, b in zip(pages, pages[1:])):
             return None
-        return pages[0] * self.block_size, rows[0].cached + len(rows[0].new_ids)
+        return pages[0] * self.block_size, rows[0].cached + len(rows[0].new_ids), len(rows[0].new_ids)
 
     # -- pages -----------------------------------------------------------------------------------------------------
 

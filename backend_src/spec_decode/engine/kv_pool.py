@@ -139,13 +139,14 @@ class PagedCache:
         write_slots: [B x Q] int64 slot of each query position (padded ones: the trash page).
         read_slots: [B, L] int64 slot of each key position of each row (past the row's length: slot 0); or None
             with ``span``.
-        span: (first slot, L) for one row whose slots are consecutive and whose query columns are all real (an
-            eager round of one sequence whose pages follow each other): its new keys and values are written as a
-            slice and the attention reads a view of the pool, no scatter and no gather.
+        span: (first slot, L, n) for one row whose slots are consecutive (an eager round of one sequence whose pages
+            follow each other) and whose first n query columns are its new tokens (the rest padding, which writes
+            nothing): its new keys and values are written as a slice and the attention reads a view of the pool, no
+            scatter and no gather.
     """
 
     def __init__(self, pool: KVPool, write_slots: torch.Tensor, read_slots: torch.Tensor | None,
-                 span: tuple[int, int] | None = None):
+                 span: tuple[int, int, int] | None = None):
         self.pool, self.write_slots, self.read_slots, self.span = pool, write_slots, read_slots, span
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -153,11 +154,11 @@ class PagedCache:
         b, h, q, d = key_states.shape
         stores = (self.pool.keys[layer_idx], self.pool.values[layer_idx])
         if self.span is not None:
-            start, length = self.span
+            start, length, n = self.span
             end = start + length
             out = []
             for store, x in zip(stores, (key_states, value_states)):
-                store[:, end - q : end] = x[0]
+                store[:, end - n : end] = x[0, :, :n]
                 out.append(store[None, :, start:end])
             return out[0], out[1]
         assert self.read_slots is not None

@@ -220,17 +220,16 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """``auto`` -> float32 on CPU, bfloat16 on CUDA; else float32, float16 or bfloat16 (names as
-    :class:`~spec_decode.settings.LMSettings` checks them).
+    """The dtype served for config value ``dtype`` on ``device``: ``auto`` -> bfloat16 on CUDA and on a CPU that
+    multiplies bfloat16 natively with batch-invariant kernels, else float32; other names as given
+    (:func:`~.dtype_choice.choose_dtype`, which also gives the reason).
 
     Raises:
-        KeyError: another name.
+        KeyError: a name other than auto, float32, float16, bfloat16.
     """
-    import torch
+    from .dtype_choice import choose_dtype
 
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    return choose_dtype(dtype, device).dtype
 
 
 def load_causal_lm(path: Path, device: torch.device, dtype: torch.dtype):
@@ -257,19 +256,27 @@ def load_cached_lm(path: Path, settings: LMSettings, aux_layers: tuple[int, ...]
     """
     import torch
 
+    from .dtype_choice import choose_dtype, probe_forward
     from .kv_cache import CachedCausalLM
 
     device = resolve_device(settings.device)
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
-    dtype = resolve_dtype(settings.dtype, device)
-    logger.info("loading %s on %s (%s)", path, device, dtype)
-    lm = CachedCausalLM(load_causal_lm(path, device, dtype), settings.max_sequences,
+    choice = choose_dtype(settings.dtype, device)
+    logger.info("loading %s on %s in %s", path, device, choice)
+    lm = CachedCausalLM(load_causal_lm(path, device, choice.dtype), settings.max_sequences,
                         max_tokens=settings.kv_cache_max_tokens, prefix_caching=settings.enable_prefix_caching,
                         aux_layers=aux_layers, cuda_graphs=settings.cuda_graphs,
                         gpu_memory_utilization=settings.gpu_memory_utilization)
     logger.info("%s: paged KV pool of %d tokens (%.2f GiB at %d bytes per token, pages of %d)", path.name,
                 lm.max_tokens, lm.pool.nbytes / 2**30, lm.kv_bytes_per_token(), lm.block_size)
+    if lm.batch_invariant:
+        differ = probe_forward(lm)
+        (logger.warning if differ else logger.info)(
+            "%s: batch-invariant forward: %s", path.name,
+            f"NO: {differ} of 5 positions' logits differ between one forward and one per position, so speculative "
+            f"greedy output may differ from plain decoding's (dtype float32 avoids it)" if differ else
+            "yes (5 positions in one forward give the logits of one forward per position, bit for bit)")
     if lm.graphs is None:
         logger.info("%s: CUDA graphs: none captured (%s)", path.name,
                     "cuda_graphs: off" if device.type == "cuda" else f"{device.type}: forwards run eagerly")

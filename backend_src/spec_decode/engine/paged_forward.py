@@ -160,9 +160,10 @@ class PagedForward:
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
                  block_table: torch.Tensor, seq_lens: torch.Tensor, out_index: torch.Tensor,
-                 span: tuple[int, int] | None = None):
-        """The forward (class docstring). ``span`` (eager rounds only): (first slot, length) of a single row whose
-        slots are consecutive, read as a view of the pool over exactly its length (:class:`~.kv_pool.PagedCache`)."""
+                 span: tuple[int, int, int] | None = None):
+        """The forward (class docstring). ``span`` (eager rounds only): (first slot, length, new tokens) of a single
+        row whose slots are consecutive, read as a view of the pool over exactly its length
+        (:class:`~.kv_pool.PagedCache`)."""
         if span is None:
             read = read_slots(block_table, seq_lens, self.page_size)  # [B, L]; past a row's length slot 0, masked below
             kpos = torch.arange(read.shape[1], device=read.device)
@@ -183,7 +184,7 @@ class PagedForward:
             hidden = self.aux.gather(hidden, out_index)
         return logits, hidden
 
-    def run(self, inputs: dict[str, torch.Tensor], span: tuple[int, int] | None = None):
+    def run(self, inputs: dict[str, torch.Tensor], span: tuple[int, int, int] | None = None):
         """The call on a round's inputs by field name (:func:`unpack_round`)."""
         return self(inputs["input_ids"], inputs["positions"], inputs["write_slots"], inputs["block_table"],
                     inputs["seq_lens"], inputs["out_index"], span=span)

@@ -31,6 +31,7 @@ from .repository import (
     draft_overrides,
     model_overrides,
     prepare_repository,
+    served_dtype,
     served_methods,
     served_speculators,
 )
@@ -65,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the target: a model folder, or a Hugging Face id resolved offline from the local cache "
                          "(HF_HOME / HF_HUB_CACHE; never downloaded); sets target_model's model_path, the tokenizers "
                          "and the OpenAI model name (default: the embedded SmolLM2-135M-Instruct; MODEL=...)")
-    ap.add_argument("--dtype", choices=DTYPES, default="", help="the target's and draft's dtype (default: auto)")
+    ap.add_argument("--dtype", choices=DTYPES, default=os.environ.get("DTYPE", ""),
+                    help="the target's, draft LM's and heads' dtype (default: the configs' auto: bfloat16 on a GPU and "
+                         "on a CPU that multiplies it natively, else float32; DTYPE=...)")
     ap.add_argument("--device", choices=DEVICES, default="", help="the target's and draft's device (default: auto)")
     ap.add_argument("--max-model-len", type=int, default=0,
                     help="prompt + output positions per sequence, at most the model's (default: generate's config)")
@@ -180,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"\nAll models READY.\n  HTTP    http://{server.http_url}\n  gRPC    {server.grpc_url}\n"
             f"  metrics http://{server.metrics_url}/metrics\n{openai_line}"
+            f"  dtype   {served_dtype(repo)}\n"
             f"  speculative_method: {served_methods(repo)}\n{served_speculators(repo)}\nTry:\n"
             f"  .venv/bin/python -m client.generate --url {server.grpc_url} --humaneval 1 --max-tokens 128\n"
             + (_curl_hint(frontend) if frontend is not None and not args.api_key else ""),

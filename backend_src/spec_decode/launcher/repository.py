@@ -4,6 +4,7 @@ configs say (the speculative methods offered, which models are decoupled, which 
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import tempfile
@@ -35,9 +36,21 @@ def prepare_repository(overrides: dict[str, dict[str, str]] | None = None, src: 
     Returns:
         ``src`` when there is nothing to override, else a new temporary folder (left for the caller to remove).
 
+    The environment variable ``DTYPE`` (as the launcher's ``--dtype``), when set, is target_model's and draft_model's
+    ``dtype`` wherever ``overrides`` set none: so ``DTYPE=float32`` reaches every server the repository's tools start
+    (the launcher, the benchmarks, the tests).
+
     Raises:
         KeyError: an override names a parameter that the model's config.pbtxt does not have.
+        ValueError: ``DTYPE`` is not one of :data:`DTYPES`.
     """
+    env_dtype = os.environ.get("DTYPE", "").strip()
+    if env_dtype:
+        if env_dtype not in DTYPES:
+            raise ValueError(f"DTYPE {env_dtype!r}: one of {', '.join(DTYPES)}")
+        overrides = {m: dict(p) for m, p in (overrides or {}).items()}
+        for model in ("target_model", "draft_model"):
+            overrides.setdefault(model, {}).setdefault("dtype", env_dtype)
     if not overrides:
         return src
     dst = Path(tempfile.mkdtemp(prefix="spec_decode_repo_"))
@@ -76,7 +89,7 @@ def check_flag_values(dtype: str = "", device: str = "", max_model_len: int = 0,
     from ..settings import LMSettings
 
     if dtype and dtype not in DTYPES:
-        raise ValueError(f"--dtype {dtype!r}: one of {', '.join(DTYPES)}")
+        raise ValueError(f"--dtype / DTYPE {dtype!r}: one of {', '.join(DTYPES)}")
     if device and device not in DEVICES:
         raise ValueError(f"--device {device!r}: one of {', '.join(DEVICES)}")
     if max_model_len and max_model_len < 2:
@@ -152,6 +165,23 @@ def served_methods(repo: Path) -> str:
     try:
         return ", ".join((*offered_methods(draft, None if forced == "auto" else forced == "true"), AUTO))
     except ValueError as e:
+        return f"? ({e})"
+
+
+def served_dtype(repo: Path) -> str:
+    """The banner's dtype: target_model's ``dtype`` and ``device`` parameters in repository ``repo`` resolved as the
+    model resolves them at load (:func:`~spec_decode.engine.dtype_choice.choose_dtype`), with the reason; ``?`` when
+    the config cannot be read, ``? (<why>)`` when its values are invalid."""
+    from ..engine.dtype_choice import choose_dtype
+    from ..engine.model_loading import resolve_device
+    from ..serving.adapter import sibling_parameters
+
+    target = sibling_parameters({"model_repository": str(repo / "generate")}, "target_model")
+    if target is None:
+        return "?"
+    try:
+        return str(choose_dtype(target.get("dtype", "auto"), resolve_device(target.get("device", "auto"))))
+    except (KeyError, ValueError, RuntimeError) as e:
         return f"? ({e})"
 
 

@@ -19,6 +19,19 @@ from .wire import PAD_ID
 logger = logging.getLogger(__name__)
 
 
+def log_to_server(model: str) -> None:
+    """Send the ``spec_decode`` loggers' records of level INFO and above to stderr as ``spec_decode <model>: <message>``
+    lines (tritonserver's log carries a Python model's stderr); once per process."""
+    root = logging.getLogger("spec_decode")
+    if any(getattr(h, "spec_decode_server", False) for h in root.handlers):
+        return
+    handler = logging.StreamHandler()
+    handler.spec_decode_server = True  # type: ignore[attr-defined]
+    handler.setFormatter(logging.Formatter(f"spec_decode {model}: %(levelname)s %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
 def model_parameters(args: dict) -> dict[str, str]:
     """The ``parameters`` of a model's config.pbtxt as a name -> string_value dict, with the instance's device.
 
@@ -27,9 +40,13 @@ def model_parameters(args: dict) -> dict[str, str]:
     ``device`` parameter is ``auto`` or absent; a ``device`` set in config.pbtxt overrides the instance's. Instances
     of kind CPU or MODEL keep ``auto`` (CUDA when the process sees a GPU, else the CPU).
 
+    Also sends the package's log records of level INFO and above to the process's stderr, which tritonserver's log
+    shows (:func:`log_to_server`): what a model says at load (its dtype and why, its KV pool, its CUDA graphs).
+
     Args:
         args: the ``args`` dict Triton passes to ``initialize`` (its ``model_config`` is JSON).
     """
+    log_to_server(str(args.get("model_name", "")))
     config = json.loads(args["model_config"])
     params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
     if str(args.get("model_instance_kind", "")).upper() == "GPU" and params.get("device", "").strip().lower() in (

@@ -62,7 +62,7 @@ def test_model_overrides_set_the_target_the_tokenizers_and_the_name(cache, tiny_
 
 @pytest.mark.parametrize("args, match", [
     (dict(max_model_len=1024), "max_model_len 1024 is above the model's max_position_embeddings 512"),
-    (dict(dtype="float64"), "--dtype 'float64': one of auto, float32, bfloat16, float16"),
+    (dict(dtype="float64"), "--dtype / DTYPE 'float64': one of auto, float32, bfloat16, float16"),
     (dict(device="tpu"), "--device 'tpu': one of auto, cpu, cuda"),
     (dict(max_model_len=1), "--max-model-len 1: at least 2"),
     (dict(kv_cache_max_tokens=8), "--kv-cache-max-tokens 8: at least 1024"),

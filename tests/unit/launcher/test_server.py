@@ -61,6 +61,7 @@ def test_speculator_flags_and_the_speculators_variable_serve_heads_beside_the_tr
         seen.append(overrides)
         raise Prepared
 
+    monkeypatch.delenv("DTYPE", raising=False)  # tests/conftest.py sets it for the servers the suite starts
     monkeypatch.setattr(launcher, "prepare_default_model", lambda: None)
     monkeypatch.setattr(launcher, "prepare_repository", prepare)
     monkeypatch.setattr(launcher, "port_problems", lambda ports, host: [])  # the default ports may be taken here
@@ -84,3 +85,31 @@ def test_speculator_flags_and_the_speculators_variable_serve_heads_beside_the_tr
         launcher.main(["--speculator", "c", "--speculator", "nope"])
     assert exit_.value.code == 2 and len(seen) == 2
     assert f"not a folder: {tmp_path / 'nope'}" in capsys.readouterr().err
+
+
+def test_the_dtype_variable_reaches_the_target_and_the_draft(monkeypatch, tmp_path):
+    """DTYPE=... (like --dtype) sets target_model's and draft_model's dtype in every repository prepared, unless the
+    overrides name one; a value outside auto, float32, bfloat16, float16 is refused naming DTYPE."""
+    monkeypatch.setenv("DTYPE", "bfloat16")
+    repo = prepare_repository({"target_model": {"dtype": "float32"}})
+    assert 'key: "dtype" value: { string_value: "float32" }' in (repo / "target_model" / "config.pbtxt").read_text()
+    assert 'key: "dtype" value: { string_value: "bfloat16" }' in (repo / "draft_model" / "config.pbtxt").read_text()
+    repo = prepare_repository()
+    assert 'key: "dtype" value: { string_value: "bfloat16" }' in (repo / "target_model" / "config.pbtxt").read_text()
+    monkeypatch.setenv("DTYPE", "float64")
+    with pytest.raises(ValueError, match="DTYPE 'float64': one of auto, float32, bfloat16, float16"):
+        prepare_repository()
+    monkeypatch.delenv("DTYPE")
+    from spec_decode.launcher.repository import DEFAULT_REPOSITORY
+
+    assert prepare_repository() == DEFAULT_REPOSITORY  # nothing to override: the repository itself
+
+
+def test_the_banner_says_which_dtype_auto_serves_and_why(tmp_path):
+    from spec_decode.launcher.repository import DEFAULT_REPOSITORY, served_dtype
+
+    line = served_dtype(DEFAULT_REPOSITORY)
+    assert line.startswith(("float32 (auto: ", "bfloat16 (auto: ")), line
+    repo = prepare_repository({"target_model": {"dtype": "float32"}})
+    assert served_dtype(repo) == "float32 (asked for)"
+    assert served_dtype(tmp_path) == "?"
