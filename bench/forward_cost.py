@@ -17,9 +17,16 @@ measured side by side):
 3. Batched rounds (engine, target): B = 1, 2, 4, 8 sequences on 300-token caches, each scoring k+1 = 1, 2, 3, 5, 9
    positions in one ``logits_batch`` forward; the ratio to the same round with one position per sequence.
 
-Prints tables and the goals (any n <= 9 within 1.15x one position; one position within 1.3x the roofline), saves JSON.
+4. Prefill chunks (target): chunks of 64, 192 and 512 new positions after 0, 500 and 1,500 cached ones, fresh random
+   tokens each time (no prefix cache helps), ``transformers`` against ``engine``: what chunked prefill costs the
+   running streams per round.
 
-    python -m bench.forward_cost --output results/forward_cost.json
+Each part in the dtype of ``--dtype`` (float32, bfloat16, or both one after the other; in bfloat16 on a CPU the engine
+runs its batch-invariant forward, spec_decode.engine.invariant_attention). Prints tables and the goals (n <= 9 within
+1.15x one position, 5 within 1.15x and 17 within 1.3x; one position within 1.3x the roofline; the engine's forward no
+slower than transformers' at every cache length, position count and chunk), saves JSON.
+
+    python -m bench.forward_cost --dtype both --output results/forward_cost.json
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ NEW_POSITIONS = (1, 2, 3, 5, 9, 17)
 CACHE_LENGTHS = (300, 1500)
 BATCH_SIZES = (1, 2, 4, 8)
 ROWS_PER_SEQUENCE = (1, 2, 3, 5, 9)
+CHUNKS = (64, 192, 512)
+CHUNK_CONTEXTS = (0, 500, 1500)
 
 
 def read_bandwidth_gb_s(megabytes: int = 512, repeats: int = 7) -> float:
@@ -159,51 +168,75 @@ def time_batched(lm, prompts: list[list[int]], vocab: int, repeats: int, gen: to
     return {key: statistics.median(ts) for key, ts in times.items()}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; print the tables and goals; save JSON."""
+def time_chunks(plain, engine, vocab: int, repeats: int, gen: torch.Generator) -> dict:
+    """Median seconds of one prefill chunk per (variant, cached positions c, chunk n): ``transformers`` (``plain``
+    with a DynamicCache filled with c positions first) and ``engine`` (``engine``, a CachedCausalLM, with a sequence
+    holding them), both asked for the chunk's last logits only; fresh random tokens per repeat, every configuration
+    interleaved, after one warm-up pass."""
+    from transformers import DynamicCache
+
+    from spec_decode.engine.kv_pool import cache_keyword
+
+    kw = cache_keyword(plain)
+    times: dict = {(v, c, n): [] for v in ("transformers", "engine") for c in CHUNK_CONTEXTS for n in CHUNKS}
+    for rep in range(repeats + 1):
+        for c in CHUNK_CONTEXTS:
+            for n in CHUNKS:
+                ids = torch.randint(0, vocab, (c + n,), generator=gen).tolist()
+                with torch.inference_mode():
+                    cache = DynamicCache(config=plain.config)
+                    if c:
+                        plain(input_ids=torch.tensor([ids[:c]]), use_cache=True, logits_to_keep=1, **{kw: cache})
+                    t0 = time.perf_counter()
+                    plain(input_ids=torch.tensor([ids[c:]]), use_cache=True, logits_to_keep=1, **{kw: cache})
+                    t_hf = time.perf_counter() - t0
+                seq = 10_000 + rep
+                if c:
+                    engine.logits(seq, ids[:c], 1)
+                t0 = time.perf_counter()
+                engine.logits(seq, ids, 1)
+                t_engine = time.perf_counter() - t0
+                engine.release(seq)
+                if rep:
+                    times[("transformers", c, n)].append(t_hf)
+                    times[("engine", c, n)].append(t_engine)
+    return {key: statistics.median(ts) for key, ts in times.items()}
+
+
+def measure(dtype: torch.dtype, path: Path, bandwidth: float, repeats: int, gen: torch.Generator) -> tuple[dict, list]:
+    """Parts 2-4 of the module docstring in ``dtype``; prints the tables. Returns (models: label -> tables, goals)."""
     from spec_decode.engine.kv_cache import CachedCausalLM
-    from spec_decode.engine.model_loading import load_causal_lm, prepare_default_model
+    from spec_decode.engine.model_loading import load_causal_lm
     from spec_decode.proposers.draft_lm import default_draft_dir, default_draft_ready
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeats", type=int, default=9, help="timed forwards per configuration (median; default 9)")
-    ap.add_argument("--output", type=Path, default=Path("results/forward_cost.json"))
-    args = ap.parse_args(argv)
-    gen = torch.Generator().manual_seed(0)
-    path = prepare_default_model()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
-    bandwidth = read_bandwidth_gb_s()
-    print(f"read bandwidth: {bandwidth:.1f} GB/s (sum of a 512 MB array)", flush=True)
-
-    target = load_causal_lm(path, torch.device("cpu"), torch.float32)
+    name = str(dtype).removeprefix("torch.")
+    target = load_causal_lm(path, torch.device("cpu"), dtype)
     draft_dir = default_draft_dir() if default_draft_ready() else None
     draft, draft_kind = draft_model(target, draft_dir)
-    result = {"bandwidth_gb_s": bandwidth, "torch": torch.__version__, "threads": torch.get_num_threads(),
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-              "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "models": {}}
-    goals = []
+    draft = draft.to(dtype)
+    models, goals = {}, []
     for label, plain, kind in (("target", target, str(path.name)), ("draft", draft, draft_kind)):
         vocab = int(plain.config.vocab_size)
         prompts = {c: torch.randint(0, vocab, (c,), generator=gen).tolist() for c in CACHE_LENGTHS}
         if label == "target":  # the engine gets its own copy of the same weights
-            engine_model = load_causal_lm(path, torch.device("cpu"), torch.float32)
+            engine_model = load_causal_lm(path, torch.device("cpu"), dtype)
         else:
-            engine_model, _ = draft_model(target, draft_dir)
+            engine_model = draft_model(target, draft_dir)[0].to(dtype)
         engine = CachedCausalLM(engine_model, max_sequences=64)
         variants = {"transformers": _Transformers(plain, prompts), "engine": _Engine(engine, prompts)}
-        print(f"\n{label}: {kind}; {weight_bytes(plain) / 1e6:.0f} MB of weights per forward; "
-              f"timing {len(NEW_POSITIONS)} position counts x {len(CACHE_LENGTHS)} caches ...",
-              flush=True)
-        single = time_single(variants, vocab, args.repeats, gen)
+        print(f"\n{label} in {name}: {kind}; {weight_bytes(plain) / 1e6:.0f} MB of weights per forward; timing "
+              f"{len(NEW_POSITIONS)} position counts x {len(CACHE_LENGTHS)} caches ...", flush=True)
+        single = time_single(variants, vocab, repeats, gen)
         roofline_s = weight_bytes(plain) / (bandwidth * 1e9)
         rows = []
         for v in variants:
             for c in CACHE_LENGTHS:
                 one = single[(v, c, 1)]
                 for n in NEW_POSITIONS:
-                    s = single[(v, c, n)]
-                    rows.append({"variant": v, "cache": c, "new_positions": n, "ms": 1000 * s,
-                                 "vs_one_position": s / one, "vs_roofline": s / roofline_s})
+                    t = single[(v, c, n)]
+                    rows.append({"variant": v, "cache": c, "new_positions": n, "ms": 1000 * t,
+                                 "vs_one_position": t / one, "vs_roofline": t / roofline_s,
+                                 "vs_transformers": t / single[("transformers", c, n)]})
         print(f"{'variant':<14}{'cache':>6}" + "".join(f"{f'n={n}':>14}" for n in NEW_POSITIONS))
         for v in variants:
             for c in CACHE_LENGTHS:
@@ -212,13 +245,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"roofline (weights at {bandwidth:.1f} GB/s): {1000 * roofline_s:.1f} ms; "
               + ", ".join(f"{v} one position {single[(v, 300, 1)] / roofline_s:.2f}x" for v in variants))
         entry = {"kind": kind, "weight_bytes": weight_bytes(plain), "roofline_ms": 1000 * roofline_s,
-                 "single": rows}
+                 "batch_invariant": engine.batch_invariant, "single": rows}
         if label == "target":
             print(f"batched rounds (engine, target, {CACHE_LENGTHS[0]}-token caches): ms (ratio to 1 row per sequence)",
                   flush=True)
             seq_prompts = [torch.randint(0, vocab, (CACHE_LENGTHS[0],), generator=gen).tolist()
                            for _ in range(max(BATCH_SIZES))]
-            batched = time_batched(engine, seq_prompts, vocab, max(3, args.repeats - 2), gen)
+            batched = time_batched(engine, seq_prompts, vocab, max(3, repeats - 2), gen)
             brows = [{"sequences": b, "rows_per_sequence": r, "ms": 1000 * batched[(b, r)],
                       "vs_one_row_per_sequence": batched[(b, r)] / batched[(b, 1)],
                       "vs_one_position": batched[(b, r)] / batched[(1, 1)]} for b in BATCH_SIZES
@@ -228,22 +261,73 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{b:>3}" + "".join(f"{x['ms']:>8.1f} ({x['vs_one_row_per_sequence']:.2f})"
                                           for x in brows if x["sequences"] == b))
             entry["batched"] = brows
-            worst = max((r for r in rows if r["variant"] == "engine" and r["new_positions"] <= 9),
-                        key=lambda r: r["vs_one_position"])
+            print("prefill chunks (target): ms, transformers | engine (engine / transformers)", flush=True)
+            chunks = time_chunks(plain, engine, vocab, max(3, repeats // 3), gen)
+            crows = [{"cache": c, "chunk": n, "transformers_ms": 1000 * chunks[("transformers", c, n)],
+                      "engine_ms": 1000 * chunks[("engine", c, n)],
+                      "vs_transformers": chunks[("engine", c, n)] / chunks[("transformers", c, n)]}
+                     for c in CHUNK_CONTEXTS for n in CHUNKS]
+            print(f"{'cache':>6}" + "".join(f"{f'chunk {n}':>26}" for n in CHUNKS))
+            for c in CHUNK_CONTEXTS:
+                cells = [x for x in crows if x["cache"] == c]
+                print(f"{c:>6}" + "".join(f"{x['transformers_ms']:>8.0f} | {x['engine_ms']:>6.0f} "
+                                          f"({x['vs_transformers']:.2f})" for x in cells))
+            entry["chunks"] = crows
+            engine_rows = [r for r in rows if r["variant"] == "engine"]
+            worst = max((r for r in engine_rows if r["new_positions"] <= 9), key=lambda r: r["vs_one_position"])
             worst_b = max((x for x in brows if x["rows_per_sequence"] <= 9), key=lambda x: x["vs_one_row_per_sequence"])
-            one = next(r for r in rows if r["variant"] == "engine" and r["cache"] == 300 and r["new_positions"] == 1)
+            one = next(r for r in engine_rows if r["cache"] == 300 and r["new_positions"] == 1)
+            slow = max(engine_rows, key=lambda r: r["vs_transformers"])
+            slow_chunk = max(crows, key=lambda x: x["vs_transformers"])
+            for n, bound in ((5, 1.15), (17, 1.3)):
+                at = max((r for r in engine_rows if r["new_positions"] == n), key=lambda r: r["vs_one_position"])
+                goals.append({"goal": f"{name}: target, {n} new positions <= {bound}x one position",
+                              "value": at["vs_one_position"], "reached": at["vs_one_position"] <= bound,
+                              "worst": f"cache {at['cache']}"})
             goals += [
-                {"goal": "target, one sequence: n <= 9 new positions <= 1.15x one position",
+                {"goal": f"{name}: target, one sequence: n <= 9 new positions <= 1.15x one position",
                  "value": worst["vs_one_position"], "reached": worst["vs_one_position"] <= 1.15,
                  "worst": f"n={worst['new_positions']}, cache {worst['cache']}"},
-                {"goal": "target, batched rounds: k+1 <= 9 rows per sequence <= 1.15x one row per sequence",
+                {"goal": f"{name}: target, batched rounds: k+1 <= 9 rows per sequence <= 1.15x one row per sequence",
                  "value": worst_b["vs_one_row_per_sequence"], "reached": worst_b["vs_one_row_per_sequence"] <= 1.15,
                  "worst": f"B={worst_b['sequences']}, k+1={worst_b['rows_per_sequence']}"},
-                {"goal": "target, one position <= 1.3x the roofline", "value": one["vs_roofline"],
+                {"goal": f"{name}: target, one position <= 1.3x the roofline", "value": one["vs_roofline"],
                  "reached": one["vs_roofline"] <= 1.3, "worst": "cache 300"},
+                {"goal": f"{name}: target, the engine's forward <= 1.0x transformers' (every cache and n)",
+                 "value": slow["vs_transformers"], "reached": slow["vs_transformers"] <= 1.0,
+                 "worst": f"n={slow['new_positions']}, cache {slow['cache']}"},
+                {"goal": f"{name}: target, the engine's prefill chunk <= 1.0x transformers' (every cache and chunk)",
+                 "value": slow_chunk["vs_transformers"], "reached": slow_chunk["vs_transformers"] <= 1.0,
+                 "worst": f"chunk {slow_chunk['chunk']}, cache {slow_chunk['cache']}"},
             ]
-        result["models"][label] = entry
+        models[label] = entry
         del variants, engine, engine_model
+    return models, goals
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; print the tables and goals; save JSON."""
+    from spec_decode.engine.model_loading import prepare_default_model
+
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=9, help="timed forwards per configuration (median; default 9)")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16", "both"), default="both",
+                    help="the models' dtype (default both, float32 first)")
+    ap.add_argument("--output", type=Path, default=Path("results/forward_cost.json"))
+    args = ap.parse_args(argv)
+    gen = torch.Generator().manual_seed(0)
+    path = prepare_default_model()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
+    bandwidth = read_bandwidth_gb_s()
+    print(f"read bandwidth: {bandwidth:.1f} GB/s (sum of a 512 MB array)", flush=True)
+    result = {"bandwidth_gb_s": bandwidth, "torch": torch.__version__, "threads": torch.get_num_threads(),
+              "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+              "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "dtypes": {}}
+    goals: list = []
+    for name in (("float32", "bfloat16") if args.dtype == "both" else (args.dtype,)):
+        models, dtype_goals = measure(getattr(torch, name), path, bandwidth, args.repeats, gen)
+        result["dtypes"][name] = {"models": models}
+        goals += dtype_goals
     result["goals"] = goals
     print("\ngoals:")
     for g in goals:

@@ -4,8 +4,8 @@ batch-invariant kernels, float32 elsewhere.
 On a CPU, bfloat16 pays only where the CPU has bfloat16 dot-product instructions (``amx_bf16``: Intel AMX;
 ``avx512_bf16``: AVX-512 BF16), the flags of ``/proc/cpuinfo``; elsewhere PyTorch converts to float32 and back around
 every product, and bfloat16 runs slower than float32. Measured on a 2-core Xeon with AVX-512 BF16 and no AMX
-(docs/benchmarks.md, "bfloat16 on the CPU"): one position of the embedded SmolLM2-135M costs ~0.75x float32's, and 17
-positions ~1.35x one (float32: ~1.8x), so AVX-512 BF16 alone qualifies. vLLM's CPU backend likewise serves bfloat16 by
+(docs/benchmarks.md, "bfloat16 on the CPU"): one position of the embedded SmolLM2-135M costs ~0.7x float32's, and 17
+positions ~1.3x one (float32: ~1.8x), so AVX-512 BF16 alone qualifies. vLLM's CPU backend likewise serves bfloat16 by
 default where the CPU has it.
 
 Exactness comes first: speculative greedy decoding must give plain decoding's tokens, which needs a forward whose rows
