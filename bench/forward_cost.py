@@ -203,6 +203,11 @@ def time_chunks(plain, engine, vocab: int, repeats: int, gen: torch.Generator) -
     return {key: statistics.median(ts) for key, ts in times.items()}
 
 
+def _goal(goal: str, value: float, bound: float, worst: str) -> dict:
+    """A goal's entry: reached when ``value`` <= ``bound``; ``worst`` names where the value was measured."""
+    return {"goal": goal, "value": value, "reached": value <= bound, "worst": worst}
+
+
 def measure(dtype: torch.dtype, path: Path, bandwidth: float, repeats: int, gen: torch.Generator) -> tuple[dict, list]:
     """Parts 2-4 of the module docstring in ``dtype``; prints the tables. Returns (models: label -> tables, goals)."""
     from spec_decode.engine.kv_cache import CachedCausalLM
@@ -281,24 +286,19 @@ def measure(dtype: torch.dtype, path: Path, bandwidth: float, repeats: int, gen:
             slow_chunk = max(crows, key=lambda x: x["vs_transformers"])
             for n, bound in ((5, 1.15), (17, 1.3)):
                 at = max((r for r in engine_rows if r["new_positions"] == n), key=lambda r: r["vs_one_position"])
-                goals.append({"goal": f"{name}: target, {n} new positions <= {bound}x one position",
-                              "value": at["vs_one_position"], "reached": at["vs_one_position"] <= bound,
-                              "worst": f"cache {at['cache']}"})
+                goals.append(_goal(f"{name}: target, {n} new positions <= {bound}x one position",
+                                   at["vs_one_position"], bound, f"cache {at['cache']}"))
             goals += [
-                {"goal": f"{name}: target, one sequence: n <= 9 new positions <= 1.15x one position",
-                 "value": worst["vs_one_position"], "reached": worst["vs_one_position"] <= 1.15,
-                 "worst": f"n={worst['new_positions']}, cache {worst['cache']}"},
-                {"goal": f"{name}: target, batched rounds: k+1 <= 9 rows per sequence <= 1.15x one row per sequence",
-                 "value": worst_b["vs_one_row_per_sequence"], "reached": worst_b["vs_one_row_per_sequence"] <= 1.15,
-                 "worst": f"B={worst_b['sequences']}, k+1={worst_b['rows_per_sequence']}"},
-                {"goal": f"{name}: target, one position <= 1.3x the roofline", "value": one["vs_roofline"],
-                 "reached": one["vs_roofline"] <= 1.3, "worst": "cache 300"},
-                {"goal": f"{name}: target, the engine's forward <= 1.0x transformers' (every cache and n)",
-                 "value": slow["vs_transformers"], "reached": slow["vs_transformers"] <= 1.0,
-                 "worst": f"n={slow['new_positions']}, cache {slow['cache']}"},
-                {"goal": f"{name}: target, the engine's prefill chunk <= 1.0x transformers' (every cache and chunk)",
-                 "value": slow_chunk["vs_transformers"], "reached": slow_chunk["vs_transformers"] <= 1.0,
-                 "worst": f"chunk {slow_chunk['chunk']}, cache {slow_chunk['cache']}"},
+                _goal(f"{name}: target, one sequence: n <= 9 new positions <= 1.15x one position",
+                      worst["vs_one_position"], 1.15, f"n={worst['new_positions']}, cache {worst['cache']}"),
+                _goal(f"{name}: target, batched rounds: k+1 <= 9 rows per sequence <= 1.15x one row per sequence",
+                      worst_b["vs_one_row_per_sequence"], 1.15,
+                      f"B={worst_b['sequences']}, k+1={worst_b['rows_per_sequence']}"),
+                _goal(f"{name}: target, one position <= 1.3x the roofline", one["vs_roofline"], 1.3, "cache 300"),
+                _goal(f"{name}: target, the engine's forward <= 1.0x transformers' (every cache and n)",
+                      slow["vs_transformers"], 1.0, f"n={slow['new_positions']}, cache {slow['cache']}"),
+                _goal(f"{name}: target, the engine's prefill chunk <= 1.0x transformers' (every cache and chunk)",
+                      slow_chunk["vs_transformers"], 1.0, f"chunk {slow_chunk['chunk']}, cache {slow_chunk['cache']}"),
             ]
         models[label] = entry
         del variants, engine, engine_model

@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from client.generate import stream_generate
 from client.metrics import value, wait_for
-from spec_decode.launcher import DEFAULT_REPOSITORY, MODELS, TritonServer
+from spec_decode.launcher import MODELS, TritonServer, prepare_repository
 from spec_decode.launcher.processes import stub_processes
 
 STREAM_TOKENS = 400  # long enough to be in flight for the whole test of one kill
@@ -34,8 +34,9 @@ CACHES = (RUNNING, "spec_decode_target_kv_cache_sequences", "spec_decode_draft_k
 
 @pytest.fixture(scope="module")
 def healing_server(tmp_path_factory, running_server):
-    """A tritonserver of its own (kills must not disturb the session's server), healed, default repository."""
-    yield from running_server(DEFAULT_REPOSITORY, tmp_path_factory.mktemp("faults") / "server.log")
+    """A tritonserver of its own (kills must not disturb the session's server), healed, the default repository (in
+    the suite's DTYPE: prepare_repository)."""
+    yield from running_server(prepare_repository(), tmp_path_factory.mktemp("faults") / "server.log")
 
 
 def _pid(srv: TritonServer, model: str) -> int:

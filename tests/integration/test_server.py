@@ -329,6 +329,7 @@ def test_launcher_exits_non_zero_and_says_why_when_tritonserver_dies(tmp_path):
 
     ports = [str(p) for p in free_ports(4)]
     env = dict(os.environ, HTTP_PORT=ports[0], GRPC_PORT=ports[1], METRICS_PORT=ports[2], OPENAI_PORT=ports[3])
+    env.pop("DTYPE", None)  # the launcher then serves the repository itself, whose stubs are looked for below
     log_path = tmp_path / "launcher.log"
     log = open(log_path, "w")
     launcher = subprocess.Popen([sys.executable, "-m", "spec_decode.launcher"], env=env, stdout=log, stderr=log)
