@@ -246,8 +246,11 @@ def test_disable_by_batch_size_turns_speculation_off(tmp_path, greedy_references
     assert loaded.output_ids == alone.output_ids
 
 
-def test_launcher_sigterm_stops_tritonserver(tmp_path):
-    """`kill <launcher>` (systemd, supervisors) must not orphan tritonserver and its backend stubs."""
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT to a launcher started with SIGINT ignored"])
+def test_launcher_sigterm_stops_tritonserver(tmp_path, how):
+    """`kill <launcher>` (systemd, supervisors) must not orphan tritonserver and its backend stubs; nor `kill -INT`
+    of a launcher started in the background of a script (which inherits SIGINT ignored): it stops everything rather
+    than leave tritonserver to stop alone and the healer to restart it."""
     import os
     import signal
     import subprocess
@@ -259,14 +262,17 @@ def test_launcher_sigterm_stops_tritonserver(tmp_path):
     ports = [str(p) for p in free_ports(4)]
     env = dict(os.environ, HTTP_PORT=ports[0], GRPC_PORT=ports[1], METRICS_PORT=ports[2], OPENAI_PORT=ports[3])
     log = open(tmp_path / "launcher.log", "w")
-    launcher = subprocess.Popen([sys.executable, "-m", "spec_decode.launcher"], env=env, stdout=log, stderr=log)
+    sig = signal.SIGTERM if how == "SIGTERM" else signal.SIGINT
+    ignore = None if how == "SIGTERM" else (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    launcher = subprocess.Popen([sys.executable, "-m", "spec_decode.launcher"], env=env, stdout=log, stderr=log,
+                                preexec_fn=ignore)
     try:
         deadline = time.time() + 600
         while time.time() < deadline and "All models READY" not in (tmp_path / "launcher.log").read_text():
             assert launcher.poll() is None, (tmp_path / "launcher.log").read_text()[-3000:]
             time.sleep(1)
         assert requests.get(f"http://127.0.0.1:{ports[0]}/v2/health/ready", timeout=5).status_code == 200
-        launcher.send_signal(signal.SIGTERM)
+        launcher.send_signal(sig)
         launcher.wait(60)
         deadline = time.time() + 60
         while time.time() < deadline:
@@ -276,7 +282,7 @@ def test_launcher_sigterm_stops_tritonserver(tmp_path):
                 break
             time.sleep(1)
         else:
-            pytest.fail("tritonserver still answers after the launcher got SIGTERM")
+            pytest.fail(f"tritonserver still answers after the launcher got {how}")
         stray = subprocess.run(["pgrep", "-f", "--", f"--http-port={ports[0]}"], capture_output=True, text=True).stdout
         assert stray.strip() == ""
         frontend = subprocess.run(["pgrep", "-f", "--", f"spec_decode.openai_api .*--port {ports[3]}"],

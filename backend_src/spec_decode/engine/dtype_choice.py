@@ -129,7 +129,8 @@ def choose_dtype(dtype: str, device: torch.device, cpu_flag: str | None = None) 
     if not kernels_batch_invariant(torch.bfloat16):
         return DtypeChoice(torch.float32, f"auto: this CPU has {flag}, but its bfloat16 kernels are not "
                                           f"batch-invariant here, so speculation could change greedy output")
-    return DtypeChoice(torch.bfloat16, f"auto: this CPU multiplies bfloat16 natively ({flag})")
+    return DtypeChoice(torch.bfloat16, f"auto: this CPU multiplies bfloat16 natively ({flag}) and its kernels "
+                                       f"passed the batch-invariance check")
 
 
 def probe_forward(lm, positions: int = 5, context: int = 48, seq_id: int = 2**63 - 7) -> int:

@@ -129,11 +129,14 @@ def main(argv: list[str] | None = None) -> int:
     if embedded:  # another target needs no embedded model
         prepare_default_model()
 
-    # kill, systemd, supervisors: stop tritonserver too, as Ctrl-C does
+    # kill, systemd, supervisors: stop tritonserver too, as Ctrl-C does. SIGINT too, explicitly: a launcher started in
+    # the background of a script inherits SIGINT ignored, and tritonserver (which does not) would stop alone and be
+    # restarted by the healer
     def _terminate(signum: int, frame: FrameType | None) -> NoReturn:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, _terminate)
     overrides: dict[str, dict[str, str]] = {}
     target_folder = default_model_dir()  # the served target's folder (--model's, below)
     served_names = tuple(args.served_model_name)
