@@ -38,6 +38,7 @@ from .paged_forward import (
     RoundShape,
     bucket,
     pack_round,
+    span_of,
     split_by_padding,
     unpack_round,
 )
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
     from .cuda_graphs import CapturedForward
 
 logger = logging.getLogger(__name__)
-
 
 
 class KVCacheFull(RuntimeError):
@@ -92,10 +92,9 @@ class CachedCausalLM:
         gpu_memory_utilization: on CUDA, the fraction of the device's memory the process may fill with the pool.
         pad_shapes: pad every round to the bucketed batch and query sizes (always so for a captured round; by default
             eager rounds run at their exact sizes, which a CPU computes faster).
-        batch_invariant: compute every position's logits bit for bit alike whatever else the round holds (the
-            attention of :mod:`.invariant_attention`; every round at least :data:`~.invariant_attention.MIN_ROWS_LINEAR`
-            query rows), so that speculative greedy output is plain decoding's; ``auto``: on a CPU in a dtype other
-            than float32 (float32's kernels already agree to ~1e-5 there; the CUDA forward is a separate matter).
+        batch_invariant: every position's logits bit for bit alike whatever else the round holds
+            (:mod:`.invariant_attention`, rounds of at least ``MIN_ROWS_LINEAR`` rows), so speculative greedy output is
+            plain decoding's; ``auto``: on a CPU in a dtype other than float32 (whose kernels agree to ~1e-5 there).
 
     Thread safety: calls are serialised by a lock (one forward at a time per model instance).
 
@@ -306,10 +305,8 @@ class CachedCausalLM:
         if self.pad_shapes:
             b = bucket(b, BATCH_BUCKETS)
             q = bucket(q, QUERY_BUCKETS) if q <= QUERY_BUCKETS[-1] else -(-q // self.block_size) * self.block_size
-        if self.batch_invariant and b * q < MIN_ROWS_LINEAR:  # a one-row product runs another kernel
-            q = -(-MIN_ROWS_LINEAR // b)
-        if self.batch_invariant and b * o < MIN_ROWS_LINEAR:
-            o = min(q, -(-MIN_ROWS_LINEAR // b))
+        if self.batch_invariant and b * o < MIN_ROWS_LINEAR:  # a one-row product runs another kernel
+            q, o = max(q, -(-MIN_ROWS_LINEAR // b)), -(-MIN_ROWS_LINEAR // b)
         return RoundShape(b, q, o, p), False
 
     def _forward(self, rows: list[RoundRow]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -324,18 +321,8 @@ class CachedCausalLM:
             flat = torch.from_numpy(packed)
             if self.device.type != "cpu":
                 flat = flat.pin_memory().to(self.device, non_blocking=True)
-            logits, hidden = self._forward_fn.run(unpack_round(flat, shape), span=self._span(rows, shape))
+            logits, hidden = self._forward_fn.run(unpack_round(flat, shape), span=span_of(rows, shape, self.block_size))
         return [(logits[r, : row.n_logits], hidden[r, : row.n_logits]) for r, row in enumerate(rows)]
-
-    def _span(self, rows: list[RoundRow], shape: RoundShape) -> tuple[int, int, int] | None:
-        """(first slot, length, new tokens) when the eager round is one row whose pages follow each other (its keys
-        are then written and read as slices of the pool, :class:`~.kv_pool.PagedCache`), else None."""
-        if shape.batch != 1 or len(rows) != 1:
-            return None
-        pages = rows[0].pages
-        if pages[-1] - pages[0] != len(pages) - 1 or any(b - a != 1 for a, b in zip(pages, pages[1:])):
-            return None
-        return pages[0] * self.block_size, rows[0].cached + len(rows[0].new_ids), len(rows[0].new_ids)
 
     # -- pages -----------------------------------------------------------------------------------------------------
 

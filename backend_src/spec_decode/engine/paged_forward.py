@@ -95,6 +95,17 @@ def split_by_padding(rows: dict[int, RoundRow], max_padded_positions: int) -> li
     return groups
 
 
+def span_of(rows: list[RoundRow], shape: RoundShape, page_size: int) -> tuple[int, int, int] | None:
+    """(first slot, length, new tokens) when an eager round is one row whose pages follow each other (its keys are then
+    written and read as slices of the pool, :class:`~.kv_pool.PagedCache`), else None."""
+    if shape.batch != 1 or len(rows) != 1:
+        return None
+    pages = rows[0].pages
+    if pages[-1] - pages[0] != len(pages) - 1 or any(b - a != 1 for a, b in zip(pages, pages[1:])):
+        return None
+    return pages[0] * page_size, rows[0].cached + len(rows[0].new_ids), len(rows[0].new_ids)
+
+
 def pack_round(rows: list[RoundRow], shape: RoundShape, page_size: int) -> np.ndarray:
     """The round's inputs (:data:`FIELDS`, in :meth:`RoundShape.sizes`' shapes) packed into one int64 array.
 
@@ -191,4 +202,4 @@ class PagedForward:
 
 
 __all__ = ["BATCH_BUCKETS", "FIELDS", "QUERY_BUCKETS", "PagedForward", "RoundRow", "RoundShape", "bucket",
-           "pack_round", "split_by_padding", "unpack_round"]
+           "pack_round", "span_of", "split_by_padding", "unpack_round"]
