@@ -14,8 +14,8 @@ Here the same kernel runs on padded inputs: the keys (and the mask) are padded w
 zeros), and the query rows with zero rows to at least :data:`MIN_ROWS` (below 8 rows the CPU's GEMMs switch kernels).
 Measured on AVX-512 BF16 (torch 2.13): 0 of 108 rows differ in float32 and bfloat16 between a forward of 2-192
 positions and one position at a time, against 108 and 16 of 108 without padding. The linear layers need one more rule
-(:data:`MIN_ROWS_LINEAR`), which the engine's round shapes apply; :func:`~.dtype_choice.probe_invariance` checks the
-whole forward on the machine it runs on.
+(:data:`MIN_ROWS_LINEAR`), which the engine's round shapes apply. :func:`~.dtype_choice.kernels_batch_invariant`
+checks the kernels on the machine it runs on, and :func:`~.dtype_choice.probe_forward` a loaded model's forward.
 
 Registered with transformers' ``AttentionInterface`` as :data:`NAME`; :func:`use_invariant_attention` switches a loaded
 model to it.
