@@ -20,6 +20,7 @@ from ...engine.draft_vocab import DraftVocab
 from ..speculators.checkpoint import (
     SpeculatorLoadError,
     config_int,
+    decoder_layer_sizes,
     expect,
     find_weights,
     load_weights,
@@ -107,10 +108,7 @@ def check_eagle3_config(folder: Path, target: TargetInfo) -> Eagle3Config:
         if top.get(flag):
             raise SpeculatorLoadError(cfg_file, flag, f"true: {why}")
     n = config_int(top, "draft_vocab_size", cfg_file, default=v)
-    heads = config_int(cfg, "num_attention_heads", cfg_file)
-    kv = config_int(cfg, "num_key_value_heads", cfg_file, default=heads)
-    d = config_int(cfg, "head_dim", cfg_file, default=h // heads)
-    inter = config_int(cfg, "intermediate_size", cfg_file)
+    heads, kv, d, inter = decoder_layer_sizes(cfg, cfg_file, h)
     ids = eagle3_layer_ids(top, target.num_layers, cfg_file)
     return Eagle3Config(top, cfg, speculators, h, n, heads, kv, d, inter, ids)
 

@@ -40,6 +40,7 @@ from ...engine.draft_vocab import DraftVocab
 from ..speculators.checkpoint import (
     SpeculatorLoadError,
     config_int,
+    decoder_layer_sizes,
     expect,
     find_weights,
     load_weights,
@@ -153,10 +154,7 @@ def check_eagle1_config(folder: Path, target: TargetInfo) -> Eagle1Config:
         raise SpeculatorLoadError(cfg_file, "skip_output_norm", "false is not supported (EAGLE-1 heads have no "
                                                                 "output norm)")
     input_norm = vllm and cfg.get("skip_prenorm") is False
-    heads = config_int(cfg, "num_attention_heads", cfg_file)
-    kv = config_int(cfg, "num_key_value_heads", cfg_file, default=heads)
-    d = config_int(cfg, "head_dim", cfg_file, default=h // heads)
-    inter = config_int(cfg, "intermediate_size", cfg_file)
+    heads, kv, d, inter = decoder_layer_sizes(cfg, cfg_file, h)
     return Eagle1Config(top, vllm, cfg, input_norm, heads, kv, d, inter)
 
 

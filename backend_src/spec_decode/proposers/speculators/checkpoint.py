@@ -200,6 +200,19 @@ def config_int(cfg: dict[str, Any], key: str, file: Path | str, default: int | N
     return value
 
 
+def decoder_layer_sizes(cfg: dict[str, Any], file: Path | str, hidden: int) -> tuple[int, int, int, int]:
+    """A Llama decoder layer's sizes from its config: (``num_attention_heads``, ``num_key_value_heads`` (default: the
+    attention heads), ``head_dim`` (default: ``hidden`` / heads), ``intermediate_size``).
+
+    Raises:
+        SpeculatorLoadError: a size missing (heads, intermediate size) or not an integer >= 1 (:func:`config_int`).
+    """
+    heads = config_int(cfg, "num_attention_heads", file)
+    kv = config_int(cfg, "num_key_value_heads", file, default=heads)
+    head_dim = config_int(cfg, "head_dim", file, default=hidden // heads)
+    return heads, kv, head_dim, config_int(cfg, "intermediate_size", file)
+
+
 def expect(cfg: dict[str, Any], key: str, value: int, file: Path | str, what: str) -> None:
     """Check that config ``key``, when present, equals ``value`` (the target's).
 
