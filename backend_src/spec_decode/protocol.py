@@ -52,6 +52,8 @@ class StepInputs:
         num_scheduled_tokens: the step's share of its round's token budget (chunked prefill): new positions the
             target may compute for it; a step without drafts whose uncached prompt is longer prefills a chunk of it
             and scores nothing (:meth:`~spec_decode.engine.scorer.TargetScorer.chunk_end`). 0: no bound.
+        draft_tree: the proposer may draft a tree of at most ``num_draft_tokens`` nodes (:mod:`spec_decode.tree`);
+            else a chain.
     """
 
     seq_id: int
@@ -66,6 +68,7 @@ class StepInputs:
     cached_len: int = 0
     auto: bool = False
     num_scheduled_tokens: int = 0
+    draft_tree: bool = False
 
     @property
     def drafts(self) -> bool:
@@ -79,7 +82,7 @@ class StepResult:
 
     Attributes:
         output_ids: 1..k+1 token ids: accepted drafts then the recovered or bonus token.
-        num_draft_tokens: how many draft tokens the proposer actually proposed (k' <= k).
+        num_draft_tokens: how many draft tokens the proposer actually proposed (k' <= k; a tree's nodes).
         log_probs: target log-probability of each output id (same length), or None.
         hidden_states: [n, H] float32, the target's last hidden states at the positions that predicted the n output
             ids (the last committed token's and the accepted drafts'), or None when the transport has none.
@@ -92,6 +95,8 @@ class StepResult:
             ``num_cached_tokens``), or None when the transport did not say.
         forward_seconds: seconds of the target's forward that scored the step (shared by the rows batched with it),
             or None when the transport did not say.
+        draft_depth: the deepest path of the step's drafts (k' for a chain, less for a tree), or None when the
+            transport did not say (the metrics count a tree's acceptance per depth).
     """
 
     output_ids: list[int]
@@ -103,3 +108,4 @@ class StepResult:
     prefilled: int | None = None
     cached_tokens: int | None = None
     forward_seconds: float | None = None
+    draft_depth: int | None = None

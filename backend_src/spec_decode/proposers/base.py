@@ -26,6 +26,7 @@ from ..sampling import (
 )
 from ..scheduler.k_schedule import KSchedule, make_schedule
 from ..settings import ConfigSettings
+from ..tree import is_chain
 
 if TYPE_CHECKING:
     from ..processors.grammar import GrammarCache
@@ -41,11 +42,16 @@ class Proposal:
             or None for proposers without probabilities (n-gram, suffix): the verifier then treats q as one-hot.
         score: the proposer's estimate of how many of the drafts the target will accept (suffix decoding's score,
             Arctic Inference), or None when it makes none. Hybrid reads it.
+        draft_parents: [k'] int64, each draft's parent among the drafts (-1: the last committed token), in
+            topological order with distinct siblings (:mod:`spec_decode.tree`), or None: a chain. Only for a request
+            with ``tree`` set. With ``draft_probs``, row i is the distribution node i was drawn from, before its earlier
+            siblings were taken out (the verifier draws the siblings without replacement: Jeon et al. 2024).
     """
 
     draft_token_ids: torch.Tensor
     draft_probs: torch.Tensor | None = None
     score: float | None = None
+    draft_parents: torch.Tensor | None = None
 
     @staticmethod
     def empty() -> Proposal:
@@ -53,9 +59,11 @@ class Proposal:
         return Proposal(torch.empty(0, dtype=torch.int64), None)
 
     @staticmethod
-    def of(tokens: list[int], score: float | None = None) -> Proposal:
-        """Drafts without probabilities (model-free proposers): [len(tokens)] int64."""
-        return Proposal(torch.tensor(tokens, dtype=torch.int64), None, score)
+    def of(tokens: list[int], score: float | None = None, parents: list[int] | None = None) -> Proposal:
+        """Drafts without probabilities (model-free proposers): [len(tokens)] int64, a tree when ``parents`` is given
+        and is not a chain."""
+        tree = None if is_chain(parents) else torch.tensor(parents, dtype=torch.int64)
+        return Proposal(torch.tensor(tokens, dtype=torch.int64), None, score, tree)
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,7 @@ class ProposalRequest:
         processors: the request's logits processors (:mod:`spec_decode.processors`), or None: a model proposer
             applies them to its own distribution (:func:`draft_token`), so it does not draft tokens the target
             would give probability zero.
+        tree: the proposer may return a tree of at most ``k`` nodes (``Proposal.draft_parents``); else a chain.
     """
 
     seq_id: int
@@ -83,6 +92,7 @@ class ProposalRequest:
     step: int
     hidden_states: torch.Tensor | None = None
     processors: ProcessorSpec | None = None
+    tree: bool = False
 
     def position(self, slot: int) -> int:
         """The absolute position of the draft at ``slot`` (0-based) of this step: ``len(token_ids) + slot``, the index

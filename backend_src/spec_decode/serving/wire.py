@@ -76,6 +76,10 @@ STEP: dict[str, Tensor] = _table(
     Tensor("context_hidden_states", "FP32", (-1, -1)),  # [m, H] the target's states before the last token
     Tensor("num_context_hidden_states", "INT32", (1,)),
     Tensor("draft_token_ids", "INT64", (-1,)),  # [k]
+    # [k] each draft's parent among the row's drafts, -1 = the last committed token (spec_decode.tree); a chain is
+    # [-1, 0, 1, ...]; absent or empty: a chain
+    Tensor("draft_parents", "INT32", (-1,)),
+    Tensor("draft_tree", "BOOL", (1,)),  # the row may be drafted as a tree (else a chain)
     Tensor("draft_probs", "FP32", (-1, -1)),  # [k, V], or [0, 0] without draft probabilities
     Tensor("target_probs", "FP32", (-1, -1)),  # [k+1, V], or [0, 0] for a greedy row without log-probs
     # a greedy row without log-probs: the argmax of each of its k+1 distributions and its probability (all the argmax
@@ -117,6 +121,7 @@ CLIENT: dict[str, Tensor] = _table(
     Tensor("return_log_probs", "BOOL", (1,), optional=True),
     Tensor("ignore_eos", "BOOL", (1,), optional=True),
     Tensor("num_draft_tokens", "INT32", (1,), optional=True),
+    Tensor("draft_tree", "BOOL", (1,), optional=True),  # drafts as a tree (default: generate's config) or a chain
     Tensor("speculative_method", "STRING", (1,), optional=True),
     Tensor("acceptance_method", "STRING", (1,), optional=True),
     Tensor("repetition_penalty", "FP32", (1,), optional=True),
@@ -191,12 +196,12 @@ class ModelWire:
 
 
 _DRAFT_IN = ("sequence_id token_ids num_draft_tokens speculative_method temperature top_k top_p random_seed seeded "
-             "step release context_hidden_states num_context_hidden_states logits_processors")
+             "step release context_hidden_states num_context_hidden_states logits_processors draft_tree")
 _TARGET_IN = ("sequence_id token_ids draft_token_ids temperature top_k top_p release logits_processors "
-              "num_scheduled_tokens")
+              "num_scheduled_tokens draft_parents")
 _TARGET_FACTS = "num_cached_tokens target_forward_seconds"  # what the target measured: generate's scheduler reads them
 _VERIFIER_IN = ("target_probs draft_token_ids draft_probs temperature random_seed step acceptance_method "
-                "logits_processors log_probs token_ids seeded target_argmax target_argmax_probs")
+                "logits_processors log_probs token_ids seeded target_argmax target_argmax_probs draft_parents")
 _PROMPT_OUT = "prompt_log_probs prompt_token_ranks prompt_top_log_probs prompt_top_log_prob_ids"
 _LOGPROBS_OUT = "output_token_ranks top_log_probs top_log_prob_ids " + _PROMPT_OUT
 # the prompt's log-probs in the order of logprob_arrays (spec_decode.processors): log-probs, ranks, top log-probs, ids
@@ -204,7 +209,7 @@ PROMPT_LOGPROB_OUTPUTS = tuple(_PROMPT_OUT.split())
 
 _GENERATE = ModelWire(
     _pick(CLIENT, "text_input max_tokens temperature top_p top_k random_seed seed stop_words end_id stream "
-                  "exclude_input_in_output return_log_probs ignore_eos num_draft_tokens speculative_method "
+                  "exclude_input_in_output return_log_probs ignore_eos num_draft_tokens draft_tree speculative_method "
                   "acceptance_method repetition_penalty presence_penalty frequency_penalty min_tokens min_length "
                   "bad_words stop_token_ids guided_decoding_guide_type guided_decoding_guide top_logprobs "
                   "prompt_logprobs beam_width num_return_sequences n return_num_input_tokens return_num_output_tokens"),
@@ -217,36 +222,42 @@ MODELS: dict[str, ModelWire] = {
     # the same tensors per row, with max_batch_size 1: [1, ...] on the wire (spec_decode.serving.trtllm_format)
     GENERATE_TRTLLM: _GENERATE,
     "draft_model": ModelWire(
-        _pick(STEP, _DRAFT_IN, optional="seeded context_hidden_states num_context_hidden_states logits_processors",
+        _pick(STEP, _DRAFT_IN, optional="seeded context_hidden_states num_context_hidden_states logits_processors "
+                                        "draft_tree",
               ragged="token_ids context_hidden_states"),
-        _pick(STEP, "draft_token_ids draft_probs")),
+        _pick(STEP, "draft_token_ids draft_probs draft_parents")),
     "target_model": ModelWire(
-        _pick(STEP, _TARGET_IN, optional="logits_processors num_scheduled_tokens", ragged="token_ids draft_token_ids"),
+        _pick(STEP, _TARGET_IN, optional="logits_processors num_scheduled_tokens draft_parents",
+              ragged="token_ids draft_token_ids draft_parents"),
         _pick(STEP, "target_probs hidden_states log_probs " + _PROMPT_OUT + " target_argmax target_argmax_probs "
               + _TARGET_FACTS)),
     "verifier": ModelWire(
-        _pick(STEP, _VERIFIER_IN, optional="logits_processors log_probs seeded target_argmax target_argmax_probs",
-              ragged="token_ids"),
+        _pick(STEP, _VERIFIER_IN, optional="logits_processors log_probs seeded target_argmax target_argmax_probs "
+                                           "draft_parents",
+              ragged="token_ids draft_parents"),
         _pick(STEP, "output_ids output_log_probs output_token_ranks top_log_probs top_log_prob_ids")),
     SPEC_STEP: ModelWire(
         _pick(STEP, "sequence_id token_ids num_draft_tokens speculative_method temperature top_k top_p random_seed "
                     "seeded step release acceptance_method context_hidden_states num_context_hidden_states "
-                    "logits_processors num_scheduled_tokens",
-              optional="context_hidden_states num_context_hidden_states logits_processors num_scheduled_tokens"),
-        _pick(STEP, "output_ids output_log_probs hidden_states draft_token_ids " + _LOGPROBS_OUT + " " + _TARGET_FACTS),
+                    "logits_processors num_scheduled_tokens draft_tree",
+              optional="context_hidden_states num_context_hidden_states logits_processors num_scheduled_tokens "
+                       "draft_tree"),
+        _pick(STEP, "output_ids output_log_probs hidden_states draft_token_ids draft_parents " + _LOGPROBS_OUT + " "
+              + _TARGET_FACTS),
         steps=("draft_model", "target_model", "verifier")),
     SCORE_STEP: ModelWire(
         _pick(STEP, "sequence_id token_ids draft_token_ids draft_probs temperature top_k top_p random_seed step "
-                    "release acceptance_method logits_processors seeded num_scheduled_tokens",
-              optional="logits_processors seeded num_scheduled_tokens"),
+                    "release acceptance_method logits_processors seeded num_scheduled_tokens draft_parents",
+              optional="logits_processors seeded num_scheduled_tokens draft_parents"),
         _pick(STEP, "output_ids output_log_probs hidden_states " + _LOGPROBS_OUT + " " + _TARGET_FACTS),
         steps=("target_model", "verifier")),
     GREEDY_STEP: ModelWire(
         _pick(STEP, "sequence_id token_ids num_draft_tokens speculative_method temperature top_k top_p random_seed "
                     "seeded step release context_hidden_states num_context_hidden_states logits_processors "
-                    "num_scheduled_tokens",
-              optional="context_hidden_states num_context_hidden_states logits_processors num_scheduled_tokens"),
-        _pick(STEP, "draft_token_ids target_argmax target_argmax_probs hidden_states " + _TARGET_FACTS),
+                    "num_scheduled_tokens draft_tree",
+              optional="context_hidden_states num_context_hidden_states logits_processors num_scheduled_tokens "
+                       "draft_tree"),
+        _pick(STEP, "draft_token_ids draft_parents target_argmax target_argmax_probs hidden_states " + _TARGET_FACTS),
         steps=("draft_model", "target_model")),
 }
 

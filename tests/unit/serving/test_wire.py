@@ -54,7 +54,8 @@ def test_ensemble_maps_are_the_ones_the_rule_derives(ensemble):
 
 def test_the_rule_keeps_ensemble_outputs_and_hides_the_rest():
     (_, _, draft_out), (_, target_in, target_out), (_, verifier_in, _) = wire.ensemble_maps(wire.SPEC_STEP)
-    assert draft_out == {"draft_token_ids": "draft_token_ids", "draft_probs": "_draft_probs"}
+    assert draft_out == {"draft_token_ids": "draft_token_ids", "draft_probs": "_draft_probs",
+                         "draft_parents": "draft_parents"}
     assert target_in["draft_token_ids"] == "draft_token_ids" and target_out["target_probs"] == "_target_probs"
     assert verifier_in["draft_probs"] == "_draft_probs"
     (_, _, _), (_, score_verifier_in, _) = wire.ensemble_maps(wire.SCORE_STEP)
