@@ -61,9 +61,9 @@ def build_inputs(prompt: str, max_tokens: int, **params):
     Optional keyword names and types: temperature, top_p, repetition_penalty, presence_penalty, frequency_penalty
     (FP32); top_k, num_draft_tokens, end_id, min_tokens, min_length, top_logprobs, prompt_logprobs, beam_width,
     num_return_sequences, n (INT32); random_seed (UINT64); stream, exclude_input_in_output, return_log_probs,
-    ignore_eos (BOOL); speculative_method, acceptance_method, guided_decoding_guide_type, guided_decoding_guide
-    (STRING); stop_words, bad_words (list of STRING); stop_token_ids (list of INT32). docs/client.md has their
-    meaning.
+    ignore_eos, draft_tree (BOOL); speculative_method, acceptance_method, guided_decoding_guide_type,
+    guided_decoding_guide (STRING); stop_words, bad_words (list of STRING); stop_token_ids (list of INT32).
+    docs/client.md has their meaning.
 
     Raises:
         ValueError: a name that is not an input of generate.
@@ -76,7 +76,7 @@ def build_inputs(prompt: str, max_tokens: int, **params):
         "top_k", "num_draft_tokens", "end_id", "min_tokens", "min_length", "top_logprobs", "prompt_logprobs",
         "beam_width", "num_return_sequences", "n")})
     types.update({name: ("BOOL", np.bool_) for name in ("stream", "exclude_input_in_output", "return_log_probs",
-                                                       "ignore_eos")})
+                                                       "ignore_eos", "draft_tree")})
     types.update({name: ("BYTES", np.object_) for name in ("speculative_method", "acceptance_method",
                                                           "guided_decoding_guide_type", "guided_decoding_guide")})
     types["random_seed"] = ("UINT64", np.uint64)

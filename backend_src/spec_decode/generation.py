@@ -155,9 +155,13 @@ class Generation:
         req = self.request
         room = self.max_model_len - len(self.token_ids)
         k = 0 if req.speculative_method == NO_SPECULATION else max(0, min(self.k, room - 1))
+        spec = self.processors
+        # a guide's matcher walks one path, and a first step's prompt log-probs are scored with a chain
+        tree = req.draft_tree and not (spec is not None and (spec.guide_type or
+                                                             spec.prompt_logprobs_at(len(self.token_ids))))
         return StepInputs(self.seq_id, list(self.token_ids), k, req.speculative_method, self.params, self.stats.steps,
                           req.acceptance_method, self.hidden_states, self.processors, self.cached_len,
-                          auto=req.speculative_method == AUTO)
+                          auto=req.speculative_method == AUTO, draft_tree=bool(tree))
 
     def _held_back(self) -> int:
         """Characters at the end of ``text`` that could begin a stop word (not sent until resolved)."""
@@ -216,7 +220,11 @@ class Generation:
             self.stats.step_methods.append(step.method)
             self.stats.step_draft_tokens.append(step.num_draft_tokens)
         accepted_in_step = len(result.output_ids) - 1
-        self.k = self.schedule.update(self.k, result.num_draft_tokens, accepted_in_step)
+        # a tree's k is its node budget: the step counts as wholly accepted when its deepest path was
+        depth = result.num_draft_tokens if result.draft_depth is None else result.draft_depth
+        full = accepted_in_step >= depth
+        self.k = self.schedule.update(self.k, result.num_draft_tokens,
+                                      result.num_draft_tokens if full else accepted_in_step)
         # the positions that predicted this step's tokens: before the last of them once they are committed
         self.hidden_states = result.hidden_states
         if result.prompt is not None and self.prompt_logprobs is None:

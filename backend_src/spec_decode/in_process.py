@@ -15,10 +15,11 @@ from .engine.scorer import TargetScorer
 from .generation import Chunk, Generation
 from .processors import step_logprobs
 from .proposers import Proposal, Proposer
-from .protocol import AUTO, StepInputs, StepResult
+from .protocol import AUTO, StepInputs, StepResult, step_result
 from .scheduler.auto import AutoController
 from .scheduler.plan import Scheduler, run_sync
-from .verifier import Verifier
+from .tree import accepted_nodes, rows_of
+from .verifier import Verifier, VerifierRow
 
 
 def run_step(inp: StepInputs, proposers: dict[str, Proposer], scorer: TargetScorer,
@@ -46,24 +47,29 @@ def run_step(inp: StepInputs, proposers: dict[str, Proposer], scorer: TargetScor
         if proposer.needs_hidden_states and inp.hidden_states is not None and len(inp.hidden_states):
             hidden = torch.as_tensor(inp.hidden_states, dtype=torch.float32)
         proposal = proposer.propose_one(inp.seq_id, inp.token_ids, inp.num_draft_tokens, inp.params, inp.step, hidden,
-                                        inp.processors)
+                                        inp.processors, inp.draft_tree)
     else:
         proposal = Proposal.empty()
     drafts = proposal.draft_token_ids
+    parents = None if proposal.draft_parents is None else proposal.draft_parents.tolist()
     end = scorer.chunk_end(inp.seq_id, inp.token_ids, int(drafts.numel()), inp.processors, inp.num_scheduled_tokens)
     start = time.perf_counter()
     if end is not None:  # a prompt chunk: its keys stay cached, its token is discarded
         (scores,) = scorer.score_batch([(inp.seq_id, inp.token_ids[:end], [], inp.params)])
         return StepResult([], 0, cached_tokens=scores.cached, forward_seconds=time.perf_counter() - start)
-    (scores,) = scorer.score_batch([(inp.seq_id, inp.token_ids, drafts.tolist(), inp.params, inp.processors)])
+    (scores,) = scorer.score_batch([(inp.seq_id, inp.token_ids, drafts.tolist(), inp.params, inp.processors,
+                                     parents)])
     forward = time.perf_counter() - start
-    ids, lps = verifier.verify(scores.probs, drafts, proposal.draft_probs, inp.params.seed, inp.step,
-                               inp.params.is_greedy, inp.acceptance_method, len(inp.token_ids), inp.params.seeded)
+    row = VerifierRow(scores.probs, drafts, proposal.draft_probs, inp.params.seed, inp.step, inp.params.is_greedy,
+                      inp.acceptance_method, len(inp.token_ids), inp.params.seeded, proposal.draft_parents)
+    ((ids, lps),) = verifier.verify_batch([row])
     spec = inp.processors
-    asked = step_logprobs(scores.probs, scores.log_probs, ids, spec.top_logprobs) if spec and spec.logprobs else None
-    return StepResult(ids, int(drafts.numel()), asked.log_probs if asked else lps,
-                      scores.hidden[: len(ids)].float().cpu().numpy(), asked, scores.prompt,
-                      cached_tokens=scores.cached, forward_seconds=forward)
+    asked = None
+    if spec and spec.logprobs:
+        rows = rows_of(accepted_nodes(drafts.tolist(), parents, ids))
+        asked = step_logprobs(scores.probs, scores.log_probs, ids, spec.top_logprobs, rows)
+    return step_result(inp, ids, asked.log_probs if asked else lps, drafts.tolist(), parents,
+                       scores.hidden.float().cpu().numpy(), asked, scores.prompt, scores.cached, forward)
 
 
 class LocalStep:

@@ -9,12 +9,14 @@ and commits :class:`StepResult`; a transport runs the step (in process: :mod:`sp
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .sampling import SamplingParams
+from .tree import accepted_nodes, depths, rows_of
 
 if TYPE_CHECKING:  # the step's types name them; the contract itself imports no subpackage
     from .processors import ProcessorSpec, TokenLogprobs
@@ -75,6 +77,12 @@ class StepInputs:
         """Whether the step asks for drafts (k > 0 and a method other than none): else it skips draft_model."""
         return self.num_draft_tokens > 0 and self.method != NO_SPECULATION
 
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Whether the step returns the prompt's log-probs: a first step whose processors ask for them
+        (:meth:`~spec_decode.processors.ProcessorSpec.prompt_logprobs_at`). Such a step drafts a chain."""
+        return self.processors is not None and self.processors.prompt_logprobs_at(len(self.token_ids))
+
 
 @dataclass
 class StepResult:
@@ -109,3 +117,30 @@ class StepResult:
     cached_tokens: int | None = None
     forward_seconds: float | None = None
     draft_depth: int | None = None
+
+
+def step_result(inp: StepInputs, output_ids: list[int], log_probs: list[float] | None, drafts: Sequence[int],
+                parents: Sequence[int] | None, hidden: np.ndarray | None = None, logprobs: TokenLogprobs | None = None,
+                prompt: TokenLogprobs | None = None, cached: int | None = None,
+                forward: float | None = None) -> StepResult:
+    """A step's :class:`StepResult` from what its transport decoded: the one builder of the three transports
+    (:mod:`spec_decode.in_process`, :mod:`spec_decode.serving.triton_step`, :mod:`spec_decode.serving.local_ensemble`).
+
+    Args:
+        inp: the step's inputs. output_ids: its emitted ids (1..depth+1; empty for a prompt chunk).
+        log_probs: their log-probs (same length), or None.
+        drafts: the k' drafts the target scored. parents: their parents (a tree, :mod:`spec_decode.tree`), or None.
+        hidden: [k'+1, H] float32, the target's hidden states at every scored row, or None; the result keeps those
+            of the rows that predicted ``output_ids`` (:func:`~spec_decode.tree.rows_of` of the accepted path).
+        logprobs: the emitted ids' ranks and alternatives, when asked for. prompt: the prompt's log-probs, kept on a
+            step that asks for them (:attr:`StepInputs.wants_prompt_logprobs`). cached, forward: what the target
+            measured.
+
+    Raises:
+        ValueError: ``output_ids`` do not follow the drafts (:func:`~spec_decode.tree.accepted_nodes`).
+    """
+    rows = rows_of(accepted_nodes(drafts, parents, output_ids)) if output_ids else []
+    depth = max(depths(parents), default=0) if parents is not None else len(drafts)
+    return StepResult(list(output_ids), len(drafts), log_probs, None if hidden is None else hidden[rows], logprobs,
+                      prompt if inp.wants_prompt_logprobs else None, cached_tokens=cached, forward_seconds=forward,
+                      draft_depth=depth)

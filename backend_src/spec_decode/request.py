@@ -44,6 +44,7 @@ class GenerationRequest:
     return_log_probs: bool = False
     ignore_eos: bool = False  # as vLLM's: generate max_tokens tokens whatever the EOS token (end_id still stops)
     num_draft_tokens: int = _DEFAULTS.num_draft_tokens
+    draft_tree: bool = _DEFAULTS.draft_tree  # drafts as a tree of at most num_draft_tokens nodes, or a chain
     speculative_method: str = _DEFAULTS.default_speculative_method
     acceptance_method: str = ""  # "" = the verifier's configured default
     # logits processors (spec_decode.processors): vLLM's formulas, TensorRT-LLM's names

@@ -297,6 +297,9 @@ class GenerateSettings(ConfigSettings):
         max_num_batched_tokens: each round's budget of new target positions, shared by the running sequences' steps
             (k + 1 each) and chunks of new prompts (:mod:`spec_decode.scheduler.chunked_prefill`; vLLM's name); 0 = no
             budget (a prompt is prefilled in one piece inside its first round), else >= 32.
+        draft_tree: a request that sends no ``draft_tree`` lets its proposer draft a tree of up to
+            ``num_draft_tokens`` nodes (:mod:`spec_decode.tree`; proposers that make chains keep making chains);
+            ``false``: chains.
     """
 
     tokenizer_path: str = "default"
@@ -309,6 +312,7 @@ class GenerateSettings(ConfigSettings):
     disable_by_batch_size: int = 0
     step_round_max_wait_ms: float = 20.0
     max_num_batched_tokens: int = 192
+    draft_tree: bool = True
 
     def check(self) -> None:
         """max_num_draft_tokens >= 1, num_draft_tokens in [0, max_num_draft_tokens], max_model_len >= 2, the two

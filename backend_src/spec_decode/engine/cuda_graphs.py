@@ -24,23 +24,27 @@ logger = logging.getLogger(__name__)
 
 GRAPH_QUERIES = (1, 2, 3, 5, 9)  # query lengths captured (k + 1 for k = 0, 1, 2, 4, 8)
 GRAPH_CONTEXTS = (512, 1024, 2048, 4096, 8192)  # key positions captured (larger contexts run eagerly)
+# draft trees (root + nodes) captured, at batches up to GRAPH_TREE_BATCH; larger trees and batches run eagerly
+GRAPH_TREE_QUERIES = (9, 17)
+GRAPH_TREE_BATCH = 8
 
 
-def capture_shapes(batches: Iterable[int], queries: Iterable[int], pages: Iterable[int]) -> list[RoundShape]:
+def capture_shapes(batches: Iterable[int], queries: Iterable[int], pages: Iterable[int],
+                   tree: bool = False) -> list[RoundShape]:
     """The shapes to capture: every (B, Q, P) with O = Q output rows (a captured round returns every query row; the
-    caller keeps those it asked for), largest first."""
-    shapes = [RoundShape(b, q, q, p) for b in batches for q in queries for p in pages]
+    caller keeps those it asked for), tree rounds (with ``parents``) when ``tree``, largest first."""
+    shapes = [RoundShape(b, q, q, p, tree) for b in batches for q in queries for p in pages]
     return sorted(shapes, key=lambda s: (s.batch * s.query * s.pages, s.batch, s.query), reverse=True)
 
 
 def smallest_shape(shapes: Iterable[RoundShape], batch: int, query: int, outputs: int,
-                   pages: int) -> RoundShape | None:
+                   pages: int, tree: bool = False) -> RoundShape | None:
     """The smallest of ``shapes`` (fewest input elements) that holds a round of ``batch`` rows, ``query`` new tokens,
     ``outputs`` output rows (a captured shape returns ``query`` rows per row) and ``pages`` block-table pages per row,
-    or None (the round runs eagerly)."""
+    a tree round's among the tree shapes only, or None (the round runs eagerly)."""
     best = None
     for s in shapes:
-        if s.batch >= batch and s.query >= max(query, outputs) and s.pages >= pages:
+        if s.tree == tree and s.batch >= batch and s.query >= max(query, outputs) and s.pages >= pages:
             if best is None or s.numel() < best.numel():
                 best = s
     return best
@@ -97,9 +101,9 @@ class CapturedForward:
     def __len__(self) -> int:
         return len(self._graphs)
 
-    def shape_for(self, batch: int, query: int, outputs: int, pages: int) -> RoundShape | None:
+    def shape_for(self, batch: int, query: int, outputs: int, pages: int, tree: bool = False) -> RoundShape | None:
         """The captured shape a round runs at (:func:`smallest_shape` over the captured ones), or None."""
-        return smallest_shape(self._graphs, batch, query, outputs, pages)
+        return smallest_shape(self._graphs, batch, query, outputs, pages, tree)
 
     def run(self, packed: np.ndarray, shape: RoundShape) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay ``shape``'s graph on a packed round (:func:`~.paged_forward.pack_round` at ``shape``); returns
@@ -119,13 +123,16 @@ class CapturedForward:
 def capture_rounds(forward: PagedForward, device: torch.device, max_sequences: int, max_positions: int,
                    page_size: int) -> CapturedForward | None:
     """The graphs a model captures at load: batches 1, 2, 4, ... up to ``max_sequences``'s bucket, query lengths
-    :data:`GRAPH_QUERIES`, contexts :data:`GRAPH_CONTEXTS` up to ``max_positions`` (0: no bound), largest first; None
+    :data:`GRAPH_QUERIES`, contexts :data:`GRAPH_CONTEXTS` up to ``max_positions`` (0: no bound), largest first, and
+    tree rounds of :data:`GRAPH_TREE_QUERIES` positions at batches up to :data:`GRAPH_TREE_BATCH`; None
     when capture fails (logged: every round then runs eagerly, as with ``cuda_graphs: off``)."""
     limit = max_positions or max(GRAPH_CONTEXTS)
     contexts = [c for c in GRAPH_CONTEXTS if c <= max(limit, GRAPH_CONTEXTS[0])]
     batches = [b for b in BATCH_BUCKETS if b <= bucket(max_sequences, BATCH_BUCKETS)]
-    graphs = CapturedForward(forward, capture_shapes(batches, GRAPH_QUERIES, [-(-c // page_size) for c in contexts]),
-                             device)
+    pages = [-(-c // page_size) for c in contexts]
+    shapes = capture_shapes(batches, GRAPH_QUERIES, pages)
+    shapes += capture_shapes([b for b in batches if b <= GRAPH_TREE_BATCH], GRAPH_TREE_QUERIES, pages, tree=True)
+    graphs = CapturedForward(forward, shapes, device)
     try:
         graphs.capture()
     except Exception:  # noqa: BLE001 - a model whose forward cannot be captured still serves, eagerly
@@ -134,4 +141,5 @@ def capture_rounds(forward: PagedForward, device: torch.device, max_sequences: i
     return graphs
 
 
-__all__ = ["GRAPH_CONTEXTS", "GRAPH_QUERIES", "CapturedForward", "capture_rounds", "capture_shapes", "smallest_shape"]
+__all__ = ["GRAPH_CONTEXTS", "GRAPH_QUERIES", "GRAPH_TREE_BATCH", "GRAPH_TREE_QUERIES", "CapturedForward",
+           "capture_rounds", "capture_shapes", "smallest_shape"]

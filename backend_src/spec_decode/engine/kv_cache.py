@@ -26,6 +26,7 @@ import torch
 
 from ..sequences import SequenceLRU, common_prefix_len
 from ..settings import InvalidInputError
+from ..tree import check_tree
 from .aux_states import AuxHiddenStates
 from .blocks import PrefixCacheStats
 from .invariant_attention import MIN_ROWS_LINEAR, use_invariant_attention
@@ -43,6 +44,7 @@ from .paged_forward import (
     unpack_round,
 )
 from .pages import ROOT_KEY, BlockManager, OutOfPages, PagedSequence
+from .tree_slots import keep_accepted_path, row_parents
 
 if TYPE_CHECKING:
     from .cuda_graphs import CapturedForward
@@ -62,6 +64,7 @@ class _Work:
     seq: PagedSequence
     ids: list[int]
     row: RoundRow
+    tree: list[int] | None = None  # a draft tree's parents: its nodes are the last len(tree) ids
 
 
 class CachedCausalLM:
@@ -235,8 +238,7 @@ class CachedCausalLM:
         return self.logits_batch([(seq_id, token_ids, n_logits)])[0]
 
     @torch.inference_mode()
-    def logits_batch(self, calls: list[tuple[int, list[int], int]], hidden: bool = False,
-                     reused: list[int] | None = None) -> list:
+    def logits_batch(self, calls: list[tuple], hidden: bool = False, reused: list[int] | None = None) -> list:
         """:meth:`logits` for several sequences in one forward pass (continuous batching of decode steps).
 
         Sequences with at most ``max_batched_new_tokens`` tokens to compute (decode and scoring steps) run together,
@@ -246,7 +248,10 @@ class CachedCausalLM:
         ``max_padded_positions``; docs/benchmarks.md has the measurement).
 
         Args:
-            calls: (seq_id, token_ids, n_logits) per sequence, as for :meth:`logits`; seq_ids must be distinct.
+            calls: (seq_id, token_ids, n_logits) per sequence, as for :meth:`logits`, or (seq_id, token_ids, n_logits,
+                parents) where the last ``len(parents)`` token ids are a draft tree (:mod:`spec_decode.tree`; parents
+                checked, None: a chain) scored under the tree mask, ``n_logits`` = nodes + 1 (row i + 1 follows node
+                i); the next call keeps the accepted path's keys and values (:mod:`.tree_slots`). seq_ids distinct.
             hidden: also return the last hidden states of those positions (the decoder's output, after its final norm:
                 what the LM head reads; with aux layers, their inputs after it).
             reused: a list that receives, per call in order, the leading tokens its forward reused from the cache
@@ -260,13 +265,18 @@ class CachedCausalLM:
             ValueError: as :meth:`logits` (checked for every call before any forward), or a repeated seq_id.
             KVCacheFull: the round's sequences together need more pages than the pool has.
         """
-        for _, ids, n in calls:
+        for _, ids, n, *tree in calls:
             self.check(ids, n)
+            if tree and tree[0] is not None:
+                if len(tree[0]) + 1 != n:
+                    raise ValueError(f"logits_batch: a tree of {len(tree[0])} nodes scores {len(tree[0]) + 1} rows")
+                check_tree(ids[len(ids) - len(tree[0]):], tree[0])
         if len({c[0] for c in calls}) != len(calls):
             raise ValueError("logits_batch: every sequence may appear once per batch")
         with self._lock:
             protect = {c[0] for c in calls}
-            work = [self._prepare(seq_id, list(ids), n, protect) for seq_id, ids, n in calls]
+            work = [self._prepare(seq_id, list(ids), n, protect, tree[0] if tree else None)
+                    for seq_id, ids, n, *tree in calls]
             if reused is not None:
                 reused += [w.row.cached for w in work]
             out: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(calls)
@@ -283,7 +293,9 @@ class CachedCausalLM:
                         self.pages.release(w.seq)
                 raise
             for w in work:
-                w.seq.ids = w.ids
+                w.seq.ids = w.ids if w.tree is None else w.ids[: len(w.ids) - len(w.tree)]
+                if w.tree is not None:  # its nodes stay in the slots after the committed ids until the next call
+                    w.seq.tree = (len(w.seq.ids), w.ids[len(w.seq.ids):], list(w.tree))
                 if self.prefix_caching:
                     self.pages.register(w.seq)
         done = [o for o in out if o is not None]
@@ -298,8 +310,9 @@ class CachedCausalLM:
         q = max(len(r.new_ids) for r in rows)
         o = max(r.n_logits for r in rows)
         p = max(len(r.pages) for r in rows)
+        tree = any(r.parents is not None for r in rows)
         if self.graphs is not None:
-            shape = self.graphs.shape_for(b, q, o, p)
+            shape = self.graphs.shape_for(b, q, o, p, tree)
             if shape is not None:
                 return shape, True
         if self.pad_shapes:
@@ -307,7 +320,7 @@ class CachedCausalLM:
             q = bucket(q, QUERY_BUCKETS) if q <= QUERY_BUCKETS[-1] else -(-q // self.block_size) * self.block_size
         if self.batch_invariant and b * o < MIN_ROWS_LINEAR:  # a one-row product runs another kernel
             q, o = max(q, -(-MIN_ROWS_LINEAR // b)), -(-MIN_ROWS_LINEAR // b)
-        return RoundShape(b, q, o, p), False
+        return RoundShape(b, q, o, p, tree), False
 
     def _forward(self, rows: list[RoundRow]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """One forward over ``rows`` at their round shape; per row its (logits [n_logits, V], hidden [n_logits, H'])."""
@@ -338,20 +351,24 @@ class CachedCausalLM:
             raise InvalidInputError("token_ids", f"token ids must lie in [0, {self.vocab_size}), got "
                                                  f"{min(token_ids)}..{max(token_ids)}")
 
-    def _prepare(self, seq_id: int, ids: list[int], n_logits: int, protect: set[int]) -> _Work:
-        """The sequence cut to its reusable prefix (a rollback), extended by shared cached pages, its partial page made
-        writable and pages given for its new tokens; returns the round's row for it."""
+    def _prepare(self, seq_id: int, ids: list[int], n_logits: int, protect: set[int],
+                 tree: list[int] | None = None) -> _Work:
+        """The sequence cut to its reusable prefix (a rollback; a previous draft tree's accepted path kept first),
+        extended by shared cached pages, its partial page made writable and pages given for its new tokens; returns
+        the round's row for it (``tree``: the parents of its last ``len(tree)`` ids, a draft tree)."""
         seq = self._seqs.get(seq_id, PagedSequence)
+        keep_accepted_path(seq, ids, self.pool, self.block_size)
         limit = len(ids) - n_logits
         keep = min(common_prefix_len(seq.ids, ids), limit)
         self.pages.truncate(seq, keep)
         if self.prefix_caching and limit - keep >= self.block_size:
-            keep = self._reuse_prefix(seq, ids, keep, limit)
+            keep = self.pages.reuse_prefix(seq, ids, keep, limit, self.prefix_stats)
         copy = self._with_pages(protect, lambda: self.pages.writable(seq))
         if copy is not None:
             self.pool.copy_prefix(copy[0], copy[1], keep % self.block_size)
         self._with_pages(protect, lambda: self.pages.grow(seq, len(ids)))
-        return _Work(seq_id, seq, ids, RoundRow(list(seq.pages), keep, ids[keep:], n_logits))
+        row = RoundRow(list(seq.pages), keep, ids[keep:], n_logits, row_parents(len(ids) - keep, tree))
+        return _Work(seq_id, seq, ids, row, tree)
 
     def _with_pages(self, protect: set[int], action: Callable):
         """``action()``, evicting least recently used running sequences outside ``protect`` while the pool has no
@@ -371,30 +388,6 @@ class CachedCausalLM:
                 seq = self._seqs.pop(victim)
                 assert seq is not None
                 self.pages.release(seq)
-
-    def _reuse_prefix(self, seq: PagedSequence, ids: list[int], keep: int, limit: int) -> int:
-        """Share the registered pages of the full blocks of ``ids[:limit]`` that follow ``seq``'s first ``keep``
-        positions (prefix caching); returns the positions ``seq`` now holds."""
-        ps = self.block_size
-        self.prefix_stats.queries += 1
-        first = keep // ps
-        found = self.pages.cached_run(self.pages.block_key(seq, first - 1), ids, first, limit)
-        for j, page in enumerate(found, start=first):
-            if j < len(seq.pages):  # the partial page it held (same tokens so far): replaced by the full one
-                if seq.pages[j] != page:
-                    self.pages.incref(page)
-                    self.pages.decref(seq.pages[j])
-                    seq.pages[j] = page
-            else:
-                self.pages.incref(page)
-                seq.pages.append(page)
-        if not found:
-            return keep
-        held = (first + len(found)) * ps
-        self.prefix_stats.hits += 1
-        self.prefix_stats.reused_tokens += held - keep
-        seq.ids = list(ids[:held])
-        return held
 
 
 __all__ = ["CachedCausalLM", "KVCacheFull"]

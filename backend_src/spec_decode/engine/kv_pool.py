@@ -111,6 +111,13 @@ class KVPool:
         ps = self.page_size
         self.data[:, :, :, dst * ps : dst * ps + n] = self.data[:, :, :, src * ps : src * ps + n]
 
+    def copy_slots(self, src: list[int], dst: list[int]) -> None:
+        """Copy slots ``src`` into slots ``dst`` (same length), every layer; every source is read before any slot is
+        written (a draft tree's accepted path moved into place, :mod:`.tree_slots`)."""
+        if src:
+            dev = self.data.device
+            self.data[:, :, :, torch.tensor(dst, device=dev)] = self.data[:, :, :, torch.tensor(src, device=dev)]
+
     def slots(self) -> int:
         """Slots per layer (pages x page size)."""
         return self.data.shape[3]

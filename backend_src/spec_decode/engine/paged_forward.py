@@ -8,6 +8,12 @@ each row's block table (P pages). The mask is built on the device from the posit
 key position j when j <= its position and j < the row's length (and key 0 always, so a padded query's softmax is never
 empty). Only O output rows per row go through the LM head, chosen by ``out_index``.
 
+A tree round (:attr:`RoundShape.tree`; a draft tree, :mod:`spec_decode.tree`) adds ``parents`` [B, Q]: each new
+token's parent among the row's new tokens (-1 for the first; a chain's is ``q - 1``). New token q still writes slot
+``c_r + q``, but sits at position ``c_r + depth(q)`` and sees the cached context and the slots of its own ancestors
+only (SpecInfer's tree attention, Miao et al. 2024): the ancestor relation is built on the device from ``parents``
+by doubling (``ceil(log2 Q)`` boolean matrix products), so a captured graph needs nothing else.
+
 Glossary of the shapes (vLLM's ``CommonAttentionMetadata`` carries the same): B padded batch, Q padded query length
 (1 for plain decoding, k+1 for verification), O output rows per row (<= Q), P block-table width in pages, L = P x
 page_size key positions, V vocabulary, H hidden size (x (1 + aux layers) for EAGLE-3's hidden states).
@@ -38,12 +44,16 @@ class RoundShape:
     query: int
     outputs: int
     pages: int
+    tree: bool = False  # rows carry draft trees: a ``parents`` input too
 
     def sizes(self) -> dict[str, tuple[int, ...]]:
-        """Each input's shape (:data:`FIELDS`)."""
+        """Each input's shape (:data:`FIELDS`, then ``parents`` for a tree round)."""
         b, q = self.batch, self.query
-        return {"input_ids": (b, q), "positions": (b, q), "write_slots": (b * q,), "block_table": (b, self.pages),
-                "seq_lens": (b,), "out_index": (b, self.outputs)}
+        sizes = {"input_ids": (b, q), "positions": (b, q), "write_slots": (b * q,), "block_table": (b, self.pages),
+                 "seq_lens": (b,), "out_index": (b, self.outputs)}
+        if self.tree:
+            sizes["parents"] = (b, q)
+        return sizes
 
     def numel(self) -> int:
         """Int64 elements of all inputs together."""
@@ -67,12 +77,25 @@ class RoundRow:
         cached: positions already in the pool (c).
         new_ids: the tokens to compute (n >= 1), at positions c .. c + n - 1.
         n_logits: output rows wanted: those of its last ``n_logits`` new tokens (1 <= n_logits <= n).
+        parents: each new token's parent among the new tokens (-1 for the first; topological), or None: a chain. A
+            token sits at position ``cached + depth`` (depth 0 for the first) and sees its ancestors' slots.
     """
 
     pages: list[int]
     cached: int
     new_ids: list[int]
     n_logits: int
+    parents: list[int] | None = None
+
+    def depths(self) -> np.ndarray:
+        """[n] int64 each new token's depth below the first (a chain: 0 .. n - 1)."""
+        n = len(self.new_ids)
+        if self.parents is None:
+            return np.arange(n, dtype=np.int64)
+        out = np.zeros(n, dtype=np.int64)
+        for q, p in enumerate(self.parents):
+            out[q] = 0 if p < 0 else out[p] + 1
+        return out
 
 
 def split_by_padding(rows: dict[int, RoundRow], max_padded_positions: int) -> list[list[int]]:
@@ -98,7 +121,7 @@ def split_by_padding(rows: dict[int, RoundRow], max_padded_positions: int) -> li
 def span_of(rows: list[RoundRow], shape: RoundShape, page_size: int) -> tuple[int, int, int] | None:
     """(first slot, length, new tokens) when an eager round is one row whose pages follow each other (its keys are then
     written and read as slices of the pool, :class:`~.kv_pool.PagedCache`), else None."""
-    if shape.batch != 1 or len(rows) != 1:
+    if shape.batch != 1 or len(rows) != 1 or shape.tree:
         return None
     pages = rows[0].pages
     if pages[-1] - pages[0] != len(pages) - 1 or any(b - a != 1 for a, b in zip(pages, pages[1:])):
@@ -117,7 +140,7 @@ def pack_round(rows: list[RoundRow], shape: RoundShape, page_size: int) -> np.nd
     sizes = shape.sizes()
     out = np.zeros(shape.numel(), dtype=np.int64)
     views, at = {}, 0
-    for name in FIELDS:
+    for name in sizes:
         n = int(np.prod(sizes[name]))
         views[name] = out[at : at + n].reshape(sizes[name])
         at += n
@@ -127,11 +150,16 @@ def pack_round(rows: list[RoundRow], shape: RoundShape, page_size: int) -> np.nd
         if n > q or row.n_logits > shape.outputs or len(row.pages) > shape.pages:
             raise ValueError(f"row {r} ({n} new tokens, {row.n_logits} outputs, {len(row.pages)} pages) does not fit "
                              f"{shape}")
-        pos = np.arange(c, c + n)
+        if row.parents is not None and not shape.tree:
+            raise ValueError(f"row {r} carries a tree; the round's shape has no parents ({shape})")
+        slot = np.arange(c, c + n)  # new token j writes slot c + j
         pages = np.asarray(row.pages, dtype=np.int64)
         views["input_ids"][r, :n] = row.new_ids
-        views["positions"][r, :n] = pos
-        views["write_slots"][r * q : r * q + n] = pages[pos // page_size] * page_size + pos % page_size
+        views["positions"][r, :n] = c + row.depths()
+        views["write_slots"][r * q : r * q + n] = pages[slot // page_size] * page_size + slot % page_size
+        if shape.tree:
+            views["parents"][r, :] = -1
+            views["parents"][r, :n] = row.parents if row.parents is not None else np.arange(-1, n - 1)
         views["block_table"][r, : len(pages)] = pages
         views["seq_lens"][r] = c + n
         views["out_index"][r, : row.n_logits] = np.arange(n - row.n_logits, n)
@@ -146,6 +174,36 @@ def unpack_round(flat: torch.Tensor, shape: RoundShape) -> dict[str, torch.Tenso
         views[name] = flat[at : at + n].view(size)
         at += n
     return views
+
+
+def ancestors(parents: torch.Tensor) -> torch.Tensor:
+    """[B, Q, Q] bool: ``out[b, q, j]`` when new token j is q itself or an ancestor of q, from ``parents`` [B, Q] int64
+    (-1: none). Built by doubling: ``ceil(log2 Q)`` boolean matrix products, no host synchronisation."""
+    b, q = parents.shape
+    cols = torch.arange(q, device=parents.device)
+    rel = (parents[:, :, None] == cols) | (cols[:, None] == cols)[None]  # parent or self
+    hops = 1
+    while hops < q:
+        step = rel.to(torch.float32)
+        rel = rel | (torch.bmm(step, step) > 0)
+        hops *= 2
+    return rel
+
+
+def tree_visibility(parents: torch.Tensor, first: torch.Tensor, kpos: torch.Tensor) -> torch.Tensor:
+    """[B, Q, L] bool: a tree round's query q sees key slot j when j precedes the row's first new token (slot
+    ``first[b]``, the cached context) or j holds q itself or one of its ancestors (:func:`ancestors`).
+
+    Args:
+        parents: [B, Q] int64 each new token's parent (-1: none). first: [B] int64 the row's first new slot (c).
+        kpos: [L] int64 key slots.
+    """
+    q = parents.shape[1]
+    rel = kpos[None, :] - first[:, None]  # [B, L] the key's column among the new tokens
+    anc = ancestors(parents)  # [B, Q, Q]
+    col = rel.clamp(0, q - 1)[:, None, :].expand(-1, q, -1)
+    own = anc.gather(2, col) & ((rel >= 0) & (rel < q))[:, None, :]
+    return own | (rel < 0)[:, None, :]
 
 
 class PagedForward:
@@ -171,17 +229,20 @@ class PagedForward:
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
                  block_table: torch.Tensor, seq_lens: torch.Tensor, out_index: torch.Tensor,
-                 span: tuple[int, int, int] | None = None):
+                 span: tuple[int, int, int] | None = None, parents: torch.Tensor | None = None):
         """The forward (class docstring). ``span`` (eager rounds only): (first slot, length, new tokens) of a single
         row whose slots are consecutive, read as a view of the pool over exactly its length
-        (:class:`~.kv_pool.PagedCache`)."""
+        (:class:`~.kv_pool.PagedCache`). ``parents`` [B, Q] int64: a tree round's (module docstring)."""
         if span is None:
             read = read_slots(block_table, seq_lens, self.page_size)  # [B, L]; past a row's length slot 0, masked below
             kpos = torch.arange(read.shape[1], device=read.device)
         else:
             read, kpos = None, torch.arange(span[1], device=block_table.device)
         inside = kpos[None, :] < seq_lens[:, None]  # [B, L]
-        allowed = (kpos[None, None, :] <= positions[:, :, None]) & inside[:, None, :]
+        if parents is None:
+            allowed = (kpos[None, None, :] <= positions[:, :, None]) & inside[:, None, :]
+        else:
+            allowed = tree_visibility(parents, positions[:, 0], kpos) & inside[:, None, :]
         allowed = allowed | (kpos == 0)
         mask = torch.where(allowed, 0.0, torch.finfo(self.dtype).min).to(self.dtype)[:, None]  # [B, 1, Q, L]
         cache = PagedCache(self.pool, write_slots, read, span)
@@ -198,8 +259,8 @@ class PagedForward:
     def run(self, inputs: dict[str, torch.Tensor], span: tuple[int, int, int] | None = None):
         """The call on a round's inputs by field name (:func:`unpack_round`)."""
         return self(inputs["input_ids"], inputs["positions"], inputs["write_slots"], inputs["block_table"],
-                    inputs["seq_lens"], inputs["out_index"], span=span)
+                    inputs["seq_lens"], inputs["out_index"], span=span, parents=inputs.get("parents"))
 
 
-__all__ = ["BATCH_BUCKETS", "FIELDS", "QUERY_BUCKETS", "PagedForward", "RoundRow", "RoundShape", "bucket",
-           "pack_round", "span_of", "split_by_padding", "unpack_round"]
+__all__ = ["BATCH_BUCKETS", "FIELDS", "QUERY_BUCKETS", "PagedForward", "RoundRow", "RoundShape", "ancestors", "bucket",
+           "pack_round", "span_of", "split_by_padding", "tree_visibility", "unpack_round"]

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .blocks import PrefixCacheStats
+
 TRASH_PAGE = 0
 ROOT_KEY = (-1, -1)  # the parent of a sequence's first block
 
@@ -38,11 +40,15 @@ class PagedSequence:
         ids: the token ids whose keys and values the pages hold (positions 0..len-1).
         pages: its page list (block table), ``ceil(len(ids) / page_size)`` pages once a round is prepared.
         registered: how many leading pages were offered to the prefix index (full pages only).
+        tree: after a round that scored a draft tree: (the slot of its first node, the nodes' tokens, their parents),
+            held in the slots after ``ids`` until the next round keeps the accepted path (:mod:`.tree_slots`); else
+            None.
     """
 
     ids: list[int] = field(default_factory=list)
     pages: list[int] = field(default_factory=list)
     registered: int = 0
+    tree: tuple[int, list[int], list[int]] | None = None
 
 
 class BlockManager:
@@ -229,6 +235,31 @@ class BlockManager:
             parent = (page, self.generation[page])
             j += 1
         return pages
+
+    def reuse_prefix(self, seq: PagedSequence, ids: Sequence[int], keep: int, limit: int,
+                     stats: PrefixCacheStats) -> int:
+        """Share the registered pages of the full blocks of ``ids[:limit]`` that follow ``seq``'s first ``keep``
+        positions (prefix caching), counting the lookup in ``stats``; returns the positions ``seq`` now holds."""
+        ps = self.page_size
+        stats.queries += 1
+        first = keep // ps
+        found = self.cached_run(self.block_key(seq, first - 1), ids, first, limit)
+        for j, page in enumerate(found, start=first):
+            if j < len(seq.pages):  # the partial page it held (same tokens so far): replaced by the full one
+                if seq.pages[j] != page:
+                    self.incref(page)
+                    self.decref(seq.pages[j])
+                    seq.pages[j] = page
+            else:
+                self.incref(page)
+                seq.pages.append(page)
+        if not found:
+            return keep
+        held = (first + len(found)) * ps
+        stats.hits += 1
+        stats.reused_tokens += held - keep
+        seq.ids = list(ids[:held])
+        return held
 
     def register(self, seq: PagedSequence) -> None:
         """Offer ``seq``'s full pages not yet offered to the prefix index (after a forward wrote them). A block

@@ -2,7 +2,8 @@
 
 Returns target probabilities for the k+1 positions after the request's logits processors (each position over its own
 prefix: :func:`~spec_decode.processors.process_logits`) and sampling transforms: row i is the target distribution for
-the token after draft i-1 (row 0 follows the last committed token; row k is the bonus position), and the target's last
+the token after draft i-1 (row 0 follows the last committed token; row k is the bonus position; for a draft tree, row
+i follows node i - 1's path: :mod:`spec_decode.tree`, scored under the tree mask), and the target's last
 hidden states at the same positions (what a hidden-state speculator drafts from); with log-probs asked for, the log-prob
 rows of the server's ``logprobs_mode`` and, on a sequence's first step, the prompt tokens' log-probs.
 """
@@ -15,6 +16,7 @@ import torch
 
 from ..processors import LOGPROBS_MODES, ProcessorSpec, TokenLogprobs, process_logits, token_logprobs
 from ..sampling import SamplingParams, logits_to_probs
+from ..tree import check_tree, is_chain
 from .kv_cache import CachedCausalLM
 
 if TYPE_CHECKING:
@@ -87,7 +89,8 @@ class TargetScorer:
 
         Args:
             items: (seq_id, token_ids, draft_token_ids, params) per sequence, optionally with a fifth element, its
-                :class:`~spec_decode.processors.ProcessorSpec` or None; seq_ids distinct.
+                :class:`~spec_decode.processors.ProcessorSpec` or None, and a sixth, the drafts' parents (a draft tree,
+                :mod:`spec_decode.tree`; None: a chain); seq_ids distinct.
 
         Returns:
             per item, its :class:`Scores` ([k_i+1, V] probabilities, [k_i+1, H] hidden states, log-prob rows and
@@ -95,15 +98,18 @@ class TargetScorer:
 
         Raises:
             ValueError: as :meth:`~.kv_cache.CachedCausalLM.logits_batch`; a guide on a scorer without grammar
-                matchers, or from the grammar (:func:`~spec_decode.processors.process_logits`).
+                matchers, or from the grammar (:func:`~spec_decode.processors.process_logits`); parents that are not a
+                tree of the drafts (:func:`~spec_decode.tree.check_tree`, naming ``draft_parents``).
         """
         calls, specs = [], []
         for seq_id, ids, d, _, *rest in items:
             spec: ProcessorSpec | None = rest[0] if rest else None
+            parents = rest[1] if len(rest) > 1 else None
+            tree = None if is_chain(parents) else check_tree(d, parents)
             n = len(d) + 1
-            if spec is not None and spec.prompt_logprobs_at(len(ids)):
+            if tree is None and spec is not None and spec.prompt_logprobs_at(len(ids)):
                 n = len(ids) + len(d)  # the first step: every prompt position too
-            calls.append((seq_id, list(ids) + list(d), n))
+            calls.append((seq_id, list(ids) + list(d), n, tree))
             specs.append(spec)
         reused: list[int] = []
         out = self.lm.logits_batch(calls, hidden=True, reused=reused)
@@ -135,13 +141,15 @@ class TargetScorer:
     def _scores(self, logits: torch.Tensor, hidden: torch.Tensor, item: tuple, spec: ProcessorSpec | None) -> Scores:
         """One sequence's :class:`Scores` from its logits (the step's k+1 rows last, after any prompt rows)."""
         seq_id, ids, drafts, params = item[:4]
+        parents = item[5] if len(item) > 5 else None
         n = len(drafts) + 1
         prompt = None
         if spec is not None and logits.shape[0] > n:  # prompt rows 0..P-2 predict prompt tokens 1..P-1
             rows = torch.log_softmax(logits[: len(ids) - 1].float(), dim=-1)
             prompt = token_logprobs(rows, list(ids[1:]), spec.prompt_logprobs)
         step = logits[-n:]
-        processed = step if spec is None else process_logits(step, spec, ids, list(drafts), self.grammar, seq_id)
+        processed = step if spec is None else process_logits(step, spec, ids, list(drafts), self.grammar, seq_id,
+                                                             parents=parents)
         probs = logits_to_probs(processed, params)
         log_probs = None
         if spec is not None and spec.logprobs and self.logprobs_mode == "raw":

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..settings import InvalidInputError, in_range
+from ..tree import is_chain, path_tokens
 from .grammar import GUIDE_TYPES
 
 if TYPE_CHECKING:
@@ -166,12 +167,13 @@ def _banned_bad_words(spec: ProcessorSpec, output: Sequence[int]) -> list[int]:
 
 def process_logits(logits: torch.Tensor, spec: ProcessorSpec, token_ids: Sequence[int], drafts: Sequence[int] = (),
                    grammar: GrammarCache | None = None, seq_id: int = 0,
-                   column_ids: torch.Tensor | None = None) -> torch.Tensor:
+                   column_ids: torch.Tensor | None = None, parents: Sequence[int] | None = None) -> torch.Tensor:
     """Apply the spec's processors to the logits of a step's positions, each over its own prefix.
 
     Args:
         logits: [n, C] logits (any float dtype, any device) of n = len(drafts) + 1 positions: row j follows
-            ``token_ids + drafts[:j]``. A draft model's single position: n = 1, drafts empty.
+            ``token_ids + drafts[:j]``, or, for a draft tree (``parents``), ``token_ids`` + the path of node j - 1
+            (:func:`spec_decode.tree.path_tokens`). A draft model's single position: n = 1, drafts empty.
         spec: the sequence's processors.
         token_ids: the committed ids (prompt + output so far; the output is ``token_ids[spec.prompt_len:]``).
         drafts: the step's draft ids (target ids), len n - 1.
@@ -179,6 +181,8 @@ def process_logits(logits: torch.Tensor, spec: ProcessorSpec, token_ids: Sequenc
         seq_id: the sequence (keys its grammar matcher).
         column_ids: [C] int64, the target token id of each logits column (a draft model's pruned vocabulary), or
             None when column c is token c.
+        parents: the drafts' parents (a draft tree; None: a chain). A guide needs a chain: the grammar's matcher
+            walks one path (generate drafts chains for guided requests).
 
     Returns:
         [n, C] float32 processed logits (forbidden tokens at -inf) on the logits' device; the input itself when no
@@ -186,14 +190,18 @@ def process_logits(logits: torch.Tensor, spec: ProcessorSpec, token_ids: Sequenc
         finished grammar) keeps its end ids allowed, so that the sequence ends instead of sampling from nothing.
 
     Raises:
-        ValueError: ``len(drafts) + 1 != n``; a guide without ``grammar``; from the grammar (a guide that does not
-            compile, or committed output it refuses).
+        ValueError: ``len(drafts) + 1 != n``; a guide without ``grammar``, or with a tree; from the grammar (a guide
+            that does not compile, or committed output it refuses).
     """
     n, cols = logits.shape
     if len(drafts) + 1 != n:
         raise ValueError(f"process_logits: {n} rows for {len(drafts)} drafts")
     if not spec.changes_logits:
         return logits
+    tree = None if is_chain(parents) else parents
+    if tree is not None and spec.guide_type:
+        raise ValueError("process_logits: a guided request's drafts must be a chain, not a tree")
+    prefixes = path_tokens(drafts, tree)  # row j's drafts before it
     dev = logits.device
     out = logits.float().clone()
     ids = list(token_ids)
@@ -208,9 +216,10 @@ def process_logits(logits: torch.Tensor, spec: ProcessorSpec, token_ids: Sequenc
         counts = torch.zeros((n, space), dtype=torch.float32)
         if output:
             counts += torch.bincount(torch.tensor(output, dtype=torch.int64), minlength=space)[:space].float()
-        for j, t in enumerate(drafts):  # row j counts the drafts before it
-            if t < space:
-                counts[j + 1:, t] += 1
+        for j, before in enumerate(prefixes):  # row j counts the drafts before it
+            for t in before:
+                if t < space:
+                    counts[j, t] += 1
         counts = to_cols(counts.to(dev))
         if spec.repetition_penalty != 1.0:
             seen = counts > 0
@@ -227,7 +236,7 @@ def process_logits(logits: torch.Tensor, spec: ProcessorSpec, token_ids: Sequenc
     forbid = torch.zeros((n, space), dtype=torch.bool)
     stop = spec._stop[spec._stop < space]
     for j in range(n):
-        row_output = output + list(drafts[:j])
+        row_output = output + prefixes[j]
         if len(row_output) < spec.min_tokens and len(stop):
             forbid[j, stop] = True
         banned = [t for t in _banned_bad_words(spec, row_output) if t < space]

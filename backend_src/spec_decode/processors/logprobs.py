@@ -2,7 +2,8 @@
 ``Logprob``: ``logprob`` and ``rank``, with N alternatives per position as its ``logprobs`` sampling parameter).
 
 A step's emitted token j is drawn at position j of the step, whose distribution is exactly plain decoding's there
-(the drafts before it were accepted), so the same rows give every emitted token's log-probs, not only the first's.
+(the drafts before it were accepted), so the same rows give every emitted token's log-probs, not only the first's
+(for a draft tree, the rows of the accepted path: ``step_logprobs(..., rows=tree.rows_of(path))``).
 Which rows: ``logprobs_mode`` ``raw`` (vLLM's ``raw_logprobs``, its default: the target's log-softmax before any
 processor, temperature, top-k or top-p) or ``processed`` (``processed_logprobs``: the log of the distribution the
 token was sampled from, after all of them).
@@ -65,7 +66,7 @@ def token_logprobs(log_rows: torch.Tensor, token_ids: Sequence[int], top_n: int)
 
 
 def step_logprobs(target_probs: torch.Tensor, log_rows: torch.Tensor | None, output_ids: Sequence[int],
-                  top_n: int) -> TokenLogprobs:
+                  top_n: int, rows: Sequence[int] | None = None) -> TokenLogprobs:
     """A step's emitted tokens' log-probs: from ``log_rows`` (``raw`` mode: the target's log-softmax rows) or, when
     None, from the log of ``target_probs`` (``processed``: the distributions the tokens were sampled from).
 
@@ -74,13 +75,23 @@ def step_logprobs(target_probs: torch.Tensor, log_rows: torch.Tensor | None, out
         log_rows: [k+1, V] raw log-prob rows, or None.
         output_ids: the step's n <= k+1 emitted ids (accepted drafts, then the recovered or bonus token).
         top_n: alternatives per token (0..20).
+        rows: the n target rows that predicted ``output_ids`` (a draft tree's accepted path,
+            :func:`spec_decode.tree.rows_of`), each in [0, k]; None: the first n (a chain).
 
     Raises:
-        ValueError: as :func:`token_logprobs`.
+        ValueError: as :func:`token_logprobs`, or ``rows`` of another length than ``output_ids``.
+        IndexError: a row outside the tensors.
     """
     n = len(output_ids)
-    rows = log_rows[:n] if log_rows is not None else torch.log(target_probs[:n].float())
-    return token_logprobs(rows, output_ids, top_n)
+    if rows is None:
+        rows_t: torch.Tensor | slice = slice(0, n)
+    else:
+        if len(rows) != n:
+            raise ValueError(f"step_logprobs: {len(rows)} rows for {n} tokens")
+        src = log_rows if log_rows is not None else target_probs
+        rows_t = torch.tensor([int(r) for r in rows], dtype=torch.int64, device=src.device)
+    picked = log_rows[rows_t] if log_rows is not None else torch.log(target_probs[rows_t].float())
+    return token_logprobs(picked, output_ids, top_n)
 
 
 def logprob_arrays(t: TokenLogprobs | None, ids_dtype: type = np.int64,

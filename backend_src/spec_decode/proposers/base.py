@@ -191,13 +191,13 @@ class Proposer:
 
     def propose_one(self, seq_id: int, token_ids: list[int], k: int, params: SamplingParams | None = None,
                     step: int = 0, hidden_states: torch.Tensor | None = None,
-                    processors: ProcessorSpec | None = None) -> Proposal:
+                    processors: ProcessorSpec | None = None, tree: bool = False) -> Proposal:
         """:meth:`propose` for one sequence (``params`` None: greedy), for tests, benchmarks and the in-process
         transport; an empty proposal when ``k`` <= 0."""
         if k <= 0:
             return Proposal.empty()
         return self.propose([ProposalRequest(seq_id, list(token_ids), k, params or SamplingParams(), step,
-                                             hidden_states, processors)])[0]
+                                             hidden_states, processors, tree)])[0]
 
     def check(self, request: ProposalRequest) -> None:
         """Raise ValueError (:class:`~spec_decode.settings.InvalidInputError`, naming the input) when ``request``

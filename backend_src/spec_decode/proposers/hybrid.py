@@ -7,6 +7,13 @@ LM's estimate of its accepted count) is below the suffix score, where the suffix
 through the proposer contract: one suffix call for the round's sequences, then one fallback call for those whose
 score fell short (the others are shown to the fallback with ``observe``). The request's suffix tree is updated every
 step either way.
+
+A request with ``tree`` set reaches both parts as it is: suffix decoding then drafts its speculation tree (Oliaro et
+al., "SuffixDecoding", arXiv 2411.04975), n-gram lookup a tree of several matches, and the model proposers, which draft
+chains, ignore the flag. The choice rule is the same. When neither the chosen proposal nor the other has draft
+probabilities (suffix with n-gram, or with Medusa's one-hot drafts), the other's nodes join the chosen tree where they
+fit within k nodes (:func:`merge_trees`: shared prefixes merged, the chosen tree's nodes first); a proposal with draft
+probabilities is never mixed with nodes that have none (the model's chain is kept as it is).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..settings import ConfigSettings
+from ..tree import merge_paths, path_tokens
 from .base import Proposal, ProposalRequest, Proposer
 
 _HEADS = ("eagle3", "eagle", "arctic", "mlp_speculator", "medusa")  # the heads of speculator_path, best first
@@ -34,6 +42,18 @@ class HybridSettings(ConfigSettings):
     def check(self) -> None:
         """fallback is one of :data:`FALLBACKS` (stored lower-cased)."""
         self._choice("fallback", FALLBACKS)
+
+
+def merge_trees(first: Proposal, second: Proposal, max_nodes: int) -> Proposal:
+    """Two proposals without draft probabilities as one tree of at most ``max_nodes`` nodes: ``first`` whole (its
+    nodes keep their order), then the nodes of ``second`` that ``first`` lacks, in ``second``'s order, while they fit.
+    The result keeps ``first``'s score."""
+    paths = []
+    for p in (first, second):
+        parents = None if p.draft_parents is None else p.draft_parents.tolist()
+        paths += path_tokens(p.draft_token_ids.tolist(), parents)[1:]  # node i's path, for every node in order
+    tokens, parents = merge_paths(paths, max_nodes)
+    return Proposal.of(tokens, first.score, parents)
 
 
 class HybridProposer(Proposer):
@@ -75,7 +95,8 @@ class HybridProposer(Proposer):
     def propose(self, requests: list[ProposalRequest]) -> list[Proposal]:
         """Per request, the suffix draft if its score >= k, else the fallback's proposal, unless the fallback
         proposes nothing or scores its proposal (the model proposers do) below the suffix score: then the suffix
-        draft."""
+        draft. For a request with ``tree`` set, two proposals without draft probabilities are merged, the chosen one
+        first, within k nodes (a suffix draft whose score reaches k already fills k nodes)."""
         out = self.suffix.propose(requests)
         short = [i for i, (r, p) in enumerate(zip(requests, out)) if (p.score or 0.0) < r.k]
         if len(short) < len(requests):  # the fallback sees the steps it does not draft too (the EAGLE head's context)
@@ -84,8 +105,12 @@ class HybridProposer(Proposer):
         if short:
             for i, p in zip(short, self.fallback.propose([requests[i] for i in short])):
                 mine = out[i].score or 0.0
-                if len(p.draft_token_ids) and (p.score is None or p.score >= mine):
-                    out[i] = p
+                taken = len(p.draft_token_ids) > 0 and (p.score is None or p.score >= mine)
+                chosen, other = (p, out[i]) if taken else (out[i], p)
+                mixable = chosen.draft_probs is None and other.draft_probs is None  # never q rows with one-hot nodes
+                if requests[i].tree and mixable and len(other.draft_token_ids):
+                    chosen = merge_trees(chosen, other, requests[i].k)
+                out[i] = chosen
         return out
 
     def release(self, seq_id: int, final_token_ids: list[int] | None = None) -> None:

@@ -311,7 +311,8 @@ class AutoController:
             seq.backoff[m] = back
             seq.probe_due[m] = seq.steps + back
             return
-        succ, trials = step_trials(res.num_draft_tokens, min(len(res.output_ids) - 1, res.num_draft_tokens))
+        depth = res.num_draft_tokens if res.draft_depth is None else res.draft_depth  # a tree: its deepest path
+        succ, trials = step_trials(depth, min(len(res.output_ids) - 1, depth))
         mine = seq.stats.setdefault(m, AcceptanceStats())
         mine.decay(self.decay)
         mine.add(succ, trials)

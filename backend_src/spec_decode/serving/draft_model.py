@@ -5,8 +5,11 @@ the target tokenizer over which the model proposers keep structured output's gra
 proposer's own (its ``Settings``: the draft LM's ``draft_model_path``, ``draft_min_token_prob``, ``device``, ``dtype``,
 ``max_sequences``; ``ngram_*``; ``suffix_*``; the published heads' ``speculator_*`` and ``target_model_path``;
 ``hybrid_fallback``; docs/configuration.md). Inputs: the
-step protocol's (:data:`~.wire.DRAFT_MODEL_INPUTS`). Outputs per row: ``draft_token_ids`` INT64 [k'] and
-``draft_probs`` FP32 [k', V] ([0, 0] for drafts without probabilities, and for a release). The rows of one
+step protocol's (:data:`~.wire.DRAFT_MODEL_INPUTS`; a row with ``draft_tree`` set may be drafted as a tree:
+:attr:`~spec_decode.proposers.ProposalRequest.tree`). Outputs per row: ``draft_token_ids`` INT64 [k'],
+``draft_parents`` INT32 [k'] (each draft's parent, -1 = the last committed token: :mod:`spec_decode.tree`; a chain's
+``[-1, 0, ..., k' - 2]``; [0] without drafts and for a release) and ``draft_probs`` FP32 [k', V] ([0, 0] for drafts
+without probabilities, and for a release). The rows of one
 ``execute()`` that name the same method go to their proposer in one ``propose`` call (the draft LM runs each draft
 position as one batched forward over them). Metrics (docs/metrics.md): time proposing per method, and each proposer's
 gauges.
@@ -26,6 +29,7 @@ from ..processors.grammar import GrammarCache
 from ..proposers import NO_SPECULATION, Proposal, build_proposers
 from ..proposers.registry import config_parameters
 from ..settings import DraftModelSettings, InvalidInputError
+from ..tree import chain_parents
 from .batching import BatchedBackend, Work
 from .metrics import Metrics
 from .step_inputs import is_release, proposal_request, sequence_id, token_ids
@@ -36,16 +40,20 @@ logger = logging.getLogger(__name__)
 
 def _no_drafts() -> dict:
     """draft_model outputs for "nothing proposed" (also what a release returns)."""
-    return {"draft_token_ids": np.zeros(0, np.int64), "draft_probs": np.zeros((0, 0), np.float32)}
+    return {"draft_token_ids": np.zeros(0, np.int64), "draft_parents": np.zeros(0, np.int32),
+            "draft_probs": np.zeros((0, 0), np.float32)}
 
 
 def _outputs(proposal: Proposal, greedy: bool = False) -> dict:
     """A proposal as draft_model's outputs (draft_probs [0, 0] when it has none, and for a greedy row: the argmax walk
-    never reads them)."""
+    never reads them; draft_parents the chain's when it has none)."""
     probs = proposal.draft_probs
     if probs is None or greedy:
         probs = torch.zeros((0, 0), dtype=torch.float32)
-    return {"draft_token_ids": proposal.draft_token_ids.to(torch.int64).numpy(), "draft_probs": probs}
+    tokens = proposal.draft_token_ids.to(torch.int64).numpy()
+    parents = (np.asarray(chain_parents(len(tokens)), np.int32) if proposal.draft_parents is None
+               else proposal.draft_parents.to(torch.int32).numpy())
+    return {"draft_token_ids": tokens, "draft_parents": parents, "draft_probs": probs}
 
 
 class DraftBackend(BatchedBackend):

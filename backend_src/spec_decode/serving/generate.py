@@ -203,6 +203,7 @@ class GenerateBackend:
                     before = stats_tuple(gen.stats)
                     chunk = gen.commit(result, ran)
                     self.metrics.record_step(req.speculative_method, ran.num_draft_tokens, before, gen.stats)
+                    self._record_shape(req, ran, result)
                     if ran.auto:
                         self._record_choice(ran.method, before, gen.stats)
                     if req.stream:
@@ -267,6 +268,14 @@ class GenerateBackend:
         self.metrics.add("spec_decode_auto_steps_total", 1, method=method)
         self.metrics.add("spec_decode_auto_draft_tokens_total", after.draft_tokens - before[1], method=method)
         self.metrics.add("spec_decode_auto_accepted_tokens_total", after.accepted_tokens - before[2], method=method)
+
+    def _record_shape(self, req, ran, result) -> None:
+        """A committed step's tree and per-depth counters, and why a request that allowed a tree drafted a chain."""
+        method = req.speculative_method
+        self.metrics.record_depths(method, result.num_draft_tokens, result.draft_depth, len(result.output_ids) - 1)
+        if req.draft_tree and ran.drafts and not ran.draft_tree:
+            reason = "guided" if ran.processors is not None and ran.processors.guide_type else "prompt_logprobs"
+            self.metrics.add("spec_decode_chain_fallback_steps_total", 1, method=method, reason=reason)
 
     def _set_running(self, delta: int) -> None:
         self.running += delta

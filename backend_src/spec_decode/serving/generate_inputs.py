@@ -155,8 +155,9 @@ def parse_request(inputs: dict[str, np.ndarray], limits: RequestLimits) -> Gener
         raise InvalidInputError("guided_decoding_guide", f"needs guided_decoding_guide_type (one of "
                                                          f"{', '.join(GUIDE_TYPES)})")
 
+    fields["draft_tree"] = settings.draft_tree
     for name in ("stream", "exclude_input_in_output", "return_log_probs", "ignore_eos", "return_num_input_tokens",
-                 "return_num_output_tokens"):
+                 "return_num_output_tokens", "draft_tree"):
         v = scalar(inputs, name, None, CLIENT)
         if v is not None:
             fields[name] = bool(v)

@@ -2,7 +2,7 @@
 
 :class:`LocalEnsemble` runs a round of steps (one per sequence) through :class:`~.draft_model.DraftBackend`,
 :class:`~.target_model.TargetBackend` and :class:`~.verifier_model.VerifierBackend` with the tensors laid out as they
-cross the real ensemble: generate's request (:func:`~.step_inputs.round_inputs`: the round's rows stacked and
+cross the real ensemble: generate's request (:func:`~.round_codec.encode_round`: the round's rows stacked and
 padded with -1), each model gets one inputs dict per row (as :func:`~.adapter.read_rows` gives it),
 draft_model and target_model serve the round through ``run_batch`` (one batched forward each), the verifier in one
 call, and each model's outputs are stacked and padded to the round's largest k before the next model reads them. A
@@ -16,15 +16,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..processors import TokenLogprobs
 from ..protocol import StepInputs, StepResult
-from .adapter import stack_rows, strip_padding
-from .step_inputs import round_inputs
+from .adapter import stack_rows
+from .round_codec import LOGPROB_OUTPUTS, TARGET_FACTS, decode_results, encode_round
+from .wire import PROMPT_LOGPROB_OUTPUTS
 
 
 def _stack(outputs: list[dict], name: str):
     """One output of every row, stacked and padded as the ensemble hands it to the next model."""
     return stack_rows([o[name] for o in outputs])
+
+
+def _host(x) -> np.ndarray:
+    """A stacked output as a host numpy array (float32 for floating tensors, as the ensemble's outputs travel)."""
+    if hasattr(x, "cpu"):
+        return (x.float() if x.is_floating_point() else x).cpu().numpy()
+    return np.asarray(x)
 
 
 def _raise_first(outputs: list) -> list[dict]:
@@ -47,16 +54,21 @@ class LocalEnsemble:
     def __init__(self, draft, target, verifier):
         self.draft, self.target, self.verifier = draft, target, verifier
 
-    def _run(self, inps: list[StepInputs], release: bool) -> list[dict]:
-        inputs = round_inputs(inps, release)
+    def _run(self, inps: list[StepInputs], release: bool) -> dict:
+        """The round through the three models; its stacked outputs by wire name, as host arrays."""
+        inputs = encode_round(inps, release)
         rows = [{name: v[row] for name, v in inputs.items()} for row in range(len(inps))]
+        parents = None
         if "num_draft_tokens" in inputs:
             drafted = _raise_first(self.draft.run_batch(rows))
             draft_ids, draft_probs = _stack(drafted, "draft_token_ids"), _stack(drafted, "draft_probs")
+            parents = _stack(drafted, "draft_parents")
         else:  # score_step: no draft_model hop
             draft_ids, draft_probs = inputs["draft_token_ids"], inputs["draft_probs"]
         for row, r in enumerate(rows):
             r["draft_token_ids"], r["draft_probs"] = draft_ids[row], draft_probs[row]
+            if parents is not None:
+                r["draft_parents"] = parents[row]
         scored = _raise_first(self.target.run_batch(rows))
         target_probs, hidden = _stack(scored, "target_probs"), _stack(scored, "hidden_states")
         log_probs = _stack(scored, "log_probs")
@@ -66,37 +78,19 @@ class LocalEnsemble:
             r["target_argmax"], r["target_argmax_probs"] = argmax[row], argmax_probs[row]
         outs = _raise_first(self.verifier.run_batch([{name: r[name] for name in self.verifier.INPUTS if name in r}
                                                      for r in rows]))
-        for row, (o, row_ids, s) in enumerate(zip(outs, draft_ids, scored)):
-            o["num_drafted"] = len(strip_padding(row_ids))
-            o["hidden_states"] = hidden[row]
-            o["scored"] = s
-        return outs
+        verified = {name: _host(_stack(outs, name)) for name in ("output_ids", "output_log_probs", *LOGPROB_OUTPUTS)}
+        facts = {name: _host(_stack(scored, name)) for name in (*TARGET_FACTS, *PROMPT_LOGPROB_OUTPUTS)}
+        return {**verified, **facts, "hidden_states": _host(hidden), "draft_token_ids": _host(draft_ids),
+                "draft_parents": None if parents is None else _host(parents)}
 
     def run_round(self, inps: list[StepInputs]) -> list[StepResult]:
-        """Run one step of every sequence in ``inps`` (distinct seq_ids); returns their results in order.
+        """Run one step of every sequence in ``inps`` (distinct seq_ids); returns their results in order
+        (:func:`~.round_codec.decode_results` of the round's stacked outputs, as generate decodes the ensemble's).
 
         Raises:
             ValueError: an invalid input of any row (the first such row's error, as the ensemble's error response).
         """
-        results = []
-        for inp, o in zip(inps, self._run(inps, release=False)):
-            ids = strip_padding(o["output_ids"])
-            hidden = np.asarray(o["hidden_states"].float().cpu() if hasattr(o["hidden_states"], "cpu")
-                                else o["hidden_states"], np.float32)[:len(ids)]
-            res = StepResult(ids, o["num_drafted"], np.asarray(o["output_log_probs"])[:len(ids)].tolist(), hidden)
-            spec = inp.processors
-            if spec is not None and spec.logprobs:
-                res.logprobs = TokenLogprobs(res.log_probs or [], np.asarray(o["output_token_ranks"]).tolist(),
-                                             np.asarray(o["top_log_prob_ids"]).tolist(),
-                                             np.asarray(o["top_log_probs"]).tolist())
-            p = o["scored"]
-            res.cached_tokens = int(np.asarray(p["num_cached_tokens"]).reshape(-1)[0])
-            res.forward_seconds = float(np.asarray(p["target_forward_seconds"]).reshape(-1)[0])
-            if spec is not None and spec.prompt_logprobs_at(len(inp.token_ids)):
-                res.prompt = TokenLogprobs(p["prompt_log_probs"].tolist(), p["prompt_token_ranks"].tolist(),
-                                           p["prompt_top_log_prob_ids"].tolist(), p["prompt_top_log_probs"].tolist())
-            results.append(res)
-        return results
+        return decode_results(inps, self._run(inps, release=False))
 
     def release(self, inps: list[StepInputs]) -> None:
         """Free the sequences' caches in every model; their final ``token_ids`` join the suffix cache.

@@ -25,6 +25,7 @@ import time
 from typing import Protocol
 
 COUNTER, GAUGE = "counter", "gauge"
+MAX_DEPTH_LABEL = 16  # the deepest ``depth`` label of the per-depth counters
 
 METRICS: dict[str, tuple[str, str]] = {
     # generate
@@ -47,6 +48,16 @@ METRICS: dict[str, tuple[str, str]] = {
     "spec_decode_system_efficiency": (GAUGE, "Emitted / max emitted tokens (sum of k + 1 over steps) since start, "
                                              "by method"),
     "spec_decode_mean_accepted_length": (GAUGE, "Emitted tokens per step (accepted drafts + 1) since start, by method"),
+    "spec_decode_tree_steps_total": (COUNTER, "Committed steps whose drafts were a tree (several candidates per "
+                                              "position), by method"),
+    "spec_decode_chain_fallback_steps_total": (COUNTER, "Steps drafted as a chain although the request allowed a tree, "
+                                                        "by method and reason (guided: a grammar walks one path; "
+                                                        "prompt_logprobs: a first step that returns the prompt's "
+                                                        "log-probs)"),
+    "spec_decode_drafted_depth_total": (COUNTER, "Committed steps whose drafts reached this depth (1 = the first "
+                                                 "draft position), by method and depth"),
+    "spec_decode_accepted_depth_total": (COUNTER, "Committed steps that accepted a draft at this depth, by method and "
+                                                  "depth (accepted / drafted per depth: the acceptance per depth)"),
     "spec_decode_running_sequences": (GAUGE, "generate requests being generated"),
     "spec_decode_rounds_total": (COUNTER, "Rounds of steps generate ran"),
     "spec_decode_round_seconds_total": (COUNTER, "generate's time in its rounds by stage (seconds): plan (auto and the "
@@ -201,6 +212,19 @@ class Metrics:
         """The current value (0 when never written)."""
         self.known[name]  # noqa: B018 - unknown names are an error
         return self.values.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    def record_depths(self, method: str, num_draft_tokens: int, depth: int | None, accepted: int) -> None:
+        """Count one committed step's draft shape: a tree when its deepest path (``depth``) is shorter than its
+        ``num_draft_tokens`` nodes, and per depth 1..``depth`` whether it drafted and accepted there (depths above
+        :data:`MAX_DEPTH_LABEL` counted at it). ``depth`` None: the transport did not say (a chain of
+        ``num_draft_tokens``)."""
+        depth = num_draft_tokens if depth is None else depth
+        if 0 < depth < num_draft_tokens:
+            self.add("spec_decode_tree_steps_total", 1, method=method)
+        for d in range(1, min(depth, MAX_DEPTH_LABEL) + 1):
+            self.add("spec_decode_drafted_depth_total", 1, method=method, depth=str(d))
+            if accepted >= d:
+                self.add("spec_decode_accepted_depth_total", 1, method=method, depth=str(d))
 
     def record_step(self, method: str, num_draft_tokens: int, before: tuple[int, int, int, int], after) -> None:
         """Count one committed ``generate`` step and refresh the method's derived gauges.

@@ -1,4 +1,5 @@
-"""The step protocol on the wire: a round's inputs as generate sends them, and one row decoded and checked once.
+"""The step protocol on the wire: one row of a step model's inputs decoded and checked once (a round's inputs are
+encoded by :mod:`.round_codec`).
 
 The step models (draft_model, target_model, verifier) get their inputs from generate's rounds, but spec_step and
 score_step are reachable by any client too, so every value is checked here, by the rules of
@@ -13,62 +14,13 @@ import torch
 
 from ..processors import ProcessorSpec, parse_spec
 from ..proposers import NO_SPECULATION, ProposalRequest, registry
-from ..protocol import StepInputs
 from ..sampling import SamplingParams
 from ..settings import InvalidInputError, check_acceptance_method, in_range, one_of
-from .adapter import stack_rows, strip_padding
-from .wire import STEP, scalar, text
+from ..tree import check_tree, is_chain
+from .adapter import strip_padding
+from .wire import scalar, text
 
 MAX_TOKEN_ID = 2**31 - 1  # token ids travel as int64 but every tree and model here takes int32 ids
-
-
-def round_inputs(inps: list[StepInputs], release: bool) -> dict[str, np.ndarray]:
-    """The inputs of a round's request to the step ensembles, one row per sequence (scalars [B, 1] in their wire dtype,
-    :data:`~.wire.STEP`; ``token_ids`` [B, L] int64 padded with -1): what generate sends
-    (:class:`~.triton_step.TritonStep`) and the in-process ensemble splits into rows
-    (:class:`~.local_ensemble.LocalEnsemble`).
-
-    Every round carries ``seeded`` (draft_model's and the verifier's: a seeded sampled row is verified by the coupled
-    race); a round with a prompt being prefilled, ``num_scheduled_tokens`` (target_model's chunked prefill). A round in
-    which some sequence drafts, and a release, carry ``num_draft_tokens`` and ``speculative_method`` for draft_model
-    (``spec_step``), and, when a drafting row's proposer reads the target's hidden states,
-    ``context_hidden_states`` [B, m, H] (rows zero-padded) with ``num_context_hidden_states`` [B, 1]; a round in which
-    none drafts carries empty ``draft_token_ids`` [B, 0] and ``draft_probs`` [B, 0, 0] instead (``score_step``: no
-    draft_model).
-    """
-    def col(name: str, values: list) -> np.ndarray:  # [B, 1] in the tensor's wire dtype (STEP)
-        return np.array([[v] for v in values], STEP[name].numpy_dtype)
-
-    params = [i.params for i in inps]
-    out = {name: col(name, values) for name, values in (
-        ("sequence_id", [i.seq_id for i in inps]),
-        ("temperature", [p.temperature for p in params]),
-        ("top_k", [p.top_k for p in params]),
-        ("top_p", [p.top_p for p in params]),
-        ("random_seed", [p.seed for p in params]),
-        ("step", [i.step for i in inps]),
-        ("release", [release] * len(inps)),
-        ("acceptance_method", [i.acceptance_method.encode() for i in inps]),
-        ("seeded", [p.seeded for p in params]))}  # also for the verifier: seeded rows are coupled (docs/verifier.md)
-    out["token_ids"] = stack_rows([np.asarray(i.token_ids, STEP["token_ids"].numpy_dtype) for i in inps])
-    if not release and any(i.num_scheduled_tokens for i in inps):
-        out["num_scheduled_tokens"] = col("num_scheduled_tokens", [i.num_scheduled_tokens for i in inps])
-    if not release and any(i.processors is not None for i in inps):
-        out["logits_processors"] = col("logits_processors", [(i.processors.wire_text if i.processors else "").encode()
-                                                             for i in inps])
-    if release or any(i.drafts for i in inps):
-        out["num_draft_tokens"] = col("num_draft_tokens", [i.num_draft_tokens for i in inps])
-        out["speculative_method"] = col("speculative_method", [i.method.encode() for i in inps])
-        hidden = [i.hidden_states if not release and i.drafts and needs_hidden_states(i.method) else None for i in inps]
-        if any(h is not None and len(h) for h in hidden):
-            width = next(h.shape[1] for h in hidden if h is not None and len(h))
-            rows = [np.zeros((0, width), np.float32) if h is None else np.asarray(h, np.float32) for h in hidden]
-            out["context_hidden_states"] = stack_rows(rows)
-            out["num_context_hidden_states"] = col("num_context_hidden_states", [len(r) for r in rows])
-    else:
-        out["draft_token_ids"] = np.zeros((len(inps), 0), np.int64)
-        out["draft_probs"] = np.zeros((len(inps), 0, 0), np.float32)
-    return out
 
 
 def needs_hidden_states(method: str) -> bool:
@@ -131,6 +83,28 @@ def draft_token_ids(inputs: dict, vocab_size: int) -> list[int]:
     return drafts
 
 
+def draft_parents(inputs: dict, drafts: list[int]) -> list[int] | None:
+    """The parents of the row's ``drafts`` (:func:`draft_token_ids`) from ``draft_parents`` (INT32 [k], padded in a
+    batch: its first ``len(drafts)`` entries), or None for a chain (absent, empty or ``[-1, 0, 1, ...]``).
+
+    Raises:
+        InvalidInputError: (``draft_parents``) fewer parents than drafts, or not a tree of them
+            (:func:`~spec_decode.tree.check_tree`).
+    """
+    raw = inputs.get("draft_parents")
+    if raw is None or not drafts:
+        return None
+    values = np.asarray(raw.cpu() if isinstance(raw, torch.Tensor) else raw).reshape(-1)
+    if values.size == 0:
+        return None
+    if values.dtype.kind not in "iu":
+        raise InvalidInputError("draft_parents", f"expected integers, got dtype {values.dtype}")
+    if values.size < len(drafts):
+        raise InvalidInputError("draft_parents", f"expected one parent per draft ({len(drafts)}), got {values.size}")
+    parents = check_tree(drafts, values[: len(drafts)].tolist())
+    return None if is_chain(parents) else parents
+
+
 def sampling_params(inputs: dict) -> SamplingParams:
     """The row's sampling parameters (checked by :class:`~spec_decode.sampling.SamplingParams`)."""
     return SamplingParams(
@@ -168,7 +142,7 @@ def acceptance_method(inputs: dict) -> str:
 
 def proposal_request(inputs: dict, methods, max_k: int) -> tuple[str, ProposalRequest | None]:
     """draft_model's row as (method, proposal request), or (method, None) when it asks for no drafts (``none`` or
-    k = 0).
+    k = 0). The optional ``draft_tree`` (absent: False) becomes :attr:`ProposalRequest.tree`.
 
     Args:
         methods: the methods draft_model serves (``none`` and its proposers' names).
@@ -184,4 +158,5 @@ def proposal_request(inputs: dict, methods, max_k: int) -> tuple[str, ProposalRe
         return method, None
     hidden = context_hidden_states(inputs) if needs_hidden_states(method) else None
     return method, ProposalRequest(sequence_id(inputs), token_ids(inputs), k, sampling_params(inputs),
-                                   int(scalar(inputs, "step", 0)), hidden, processor_spec(inputs))
+                                   int(scalar(inputs, "step", 0)), hidden, processor_spec(inputs),
+                                   bool(scalar(inputs, "draft_tree", False)))

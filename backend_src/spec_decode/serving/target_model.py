@@ -38,6 +38,7 @@ from ..verifier import argmax_suffices
 from .batching import BatchedBackend, Work
 from .metrics import Metrics
 from .step_inputs import (
+    draft_parents,
     draft_token_ids,
     is_release,
     processor_spec,
@@ -192,8 +193,12 @@ class TargetBackend(BatchedBackend):
                                                          f"{len(ids)} token ids")
         if spec is not None and spec.guide_type and self.scorer.grammar is None:
             self.scorer.grammar = grammar_cache(self.model_path, self.lm.vocab_size, self.settings.max_sequences)
+        parents = draft_parents(inputs, drafts)
+        if parents is not None and spec is not None and (spec.guide_type or spec.prompt_logprobs_at(len(ids))):
+            raise InvalidInputError("draft_parents", "a guided row, and a first step that asks for the prompt's "
+                                                     "log-probs, must draft a chain")
         end = self.scorer.chunk_end(seq_id, ids, len(drafts), spec, scheduled_tokens(inputs))
         if end is not None:  # chunked prefill: this step computes part of the prompt and scores nothing
             return Work(seq_id, (seq_id, ids[:end], [], params, None), _chunk_outputs)
         argmax_only = argmax_suffices(params, spec)
-        return Work(seq_id, (seq_id, ids, drafts, params, spec), partial(_outputs, argmax_only=argmax_only))
+        return Work(seq_id, (seq_id, ids, drafts, params, spec, parents), partial(_outputs, argmax_only=argmax_only))

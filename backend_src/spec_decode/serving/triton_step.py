@@ -19,37 +19,22 @@ import numpy as np
 import torch
 
 from ..generation import Generation
-from ..processors import TokenLogprobs
 from ..protocol import StepInputs, StepResult
 from ..verifier import argmax_suffices, argmax_walk
 from .adapter import strip_padding
-from .step_inputs import needs_hidden_states, round_inputs
+from .round_codec import LOGPROB_OUTPUTS, TARGET_FACTS, decode_results, encode_round, row_parents
+from .step_inputs import needs_hidden_states
 from .wire import GREEDY_STEP, MODELS, PROMPT_LOGPROB_OUTPUTS, SCORE_STEP, SPEC_STEP, STEP_PARTS
 
 logger = logging.getLogger(__name__)
 
 MAX_PENDING_RELEASES = 256  # failed releases kept to send again (TritonStep.release)
-LOGPROB_OUTPUTS = ("output_token_ranks", "top_log_probs", "top_log_prob_ids")
-TARGET_FACTS = ("num_cached_tokens", "target_forward_seconds")  # StepResult.cached_tokens, .forward_seconds
-
-
-def _first_with_prompt_logprobs(inp: StepInputs) -> bool:
-    """Whether the step returns the prompt's log-probs (``ProcessorSpec.prompt_logprobs_at``)."""
-    return inp.processors is not None and inp.processors.prompt_logprobs_at(len(inp.token_ids))
 
 
 def _argmax_only(inp: StepInputs) -> bool:
     """Whether a step's result follows from the target's argmax alone: greedy, and no log-probs asked (of its tokens
     or, on a first step, of its prompt). A round of such steps needs no verifier."""
-    return argmax_suffices(inp.params, inp.processors) and not _first_with_prompt_logprobs(inp)
-
-
-def _logprobs(asked: dict, names: tuple[str, ...], row: int, n: int, top_n: int,
-              log_probs: list[float]) -> TokenLogprobs:
-    """Row ``row``'s first ``n`` (ranks, top log-probs, top ids) of a round's outputs ``names``, padding cut."""
-    ranks, top_lps, top_ids = (asked[name] for name in names)
-    return TokenLogprobs(list(log_probs[:n]), ranks[row, :n].astype(int).tolist(),
-                         top_ids[row, :n, :top_n].astype(int).tolist(), top_lps[row, :n, :top_n].tolist())
+    return argmax_suffices(inp.params, inp.processors) and not inp.wants_prompt_logprobs
 
 
 def _host_array(tensor) -> np.ndarray | None:
@@ -58,9 +43,8 @@ def _host_array(tensor) -> np.ndarray | None:
         return None
     if tensor.is_cpu():
         return tensor.as_numpy()
-    import torch
-
-    return torch.from_dlpack(tensor.to_dlpack()).float().cpu().numpy()
+    x = torch.from_dlpack(tensor.to_dlpack())
+    return (x.float() if x.is_floating_point() else x).cpu().numpy()
 
 
 class TritonStep:
@@ -105,16 +89,17 @@ class TritonStep:
 
     def _request(self, inps: list[StepInputs], release: bool):
         """The BLS request of a round and the model it goes to: ``spec_step``, or ``score_step`` (no draft_model
-        hop) when no row drafts (:func:`~.step_inputs.round_inputs`); when every row's result follows from its
+        hop) when no row drafts (:func:`~.round_codec.encode_round`); when every row's result follows from its
         argmax (:func:`_argmax_only`), ``greedy_step`` and ``target_model`` instead (no verifier hop), with the inputs
         those declare. Returns (model name, request)."""
-        inputs = round_inputs(inps, release)
+        inputs = encode_round(inps, release)
         drafts = "num_draft_tokens" in inputs
         if not release and all(_argmax_only(i) for i in inps):
             model = self.greedy_model_name if drafts else self.target_model_name
-            outputs = ["target_argmax", "target_argmax_probs"] + (["draft_token_ids"] if drafts else [])
+            outputs = ["target_argmax", "target_argmax_probs"]
+            outputs += ["draft_token_ids", "draft_parents"] if drafts else []
         elif drafts:
-            model, outputs = self.model_name, ["output_ids", "output_log_probs", "draft_token_ids"]
+            model, outputs = self.model_name, ["output_ids", "output_log_probs", "draft_token_ids", "draft_parents"]
         else:
             model, outputs = self.plain_model_name, ["output_ids", "output_log_probs"]
         if model in MODELS:  # only what the model declares (greedy_step and target_model take fewer inputs)
@@ -125,7 +110,7 @@ class TritonStep:
             outputs.append("hidden_states")
         if not release and any(i.processors is not None and i.processors.logprobs for i in inps):
             outputs += ["output_token_ranks", "top_log_probs", "top_log_prob_ids"]
-        if not release and any(_first_with_prompt_logprobs(i) for i in inps):
+        if not release and any(i.wants_prompt_logprobs for i in inps):
             outputs += list(PROMPT_LOGPROB_OUTPUTS)
         tensors = [self.pb.Tensor(name, value) for name, value in inputs.items()]
         return model, self.pb.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=outputs)
@@ -146,47 +131,31 @@ class TritonStep:
         if resp.has_error():
             raise RuntimeError(f"{model} failed: {resp.error().message()}{self._unready_parts()}")
         get = self.pb.get_output_tensor_by_name
-        drafted = get(resp, "draft_token_ids")
-        drafted = None if drafted is None else drafted.as_numpy().reshape(len(inps), -1)
+        names = ("draft_token_ids", "draft_parents", "hidden_states", *TARGET_FACTS, *LOGPROB_OUTPUTS,
+                 *PROMPT_LOGPROB_OUTPUTS)
+        outputs = {name: _host_array(get(resp, name)) for name in names}
         if model in (self.greedy_model_name, self.target_model_name):
             best, best_probs = (_host_array(get(resp, name)) for name in ("target_argmax", "target_argmax_probs"))
             if best is None or best_probs is None:
                 raise RuntimeError(f"{model} answered without target_argmax / target_argmax_probs")
-            ids, lps = self._walk(best, best_probs, drafted, len(inps))
+            outputs["output_ids"], outputs["output_log_probs"] = self._walk(
+                best, best_probs, outputs["draft_token_ids"], outputs["draft_parents"], len(inps))
         else:
-            ids = get(resp, "output_ids").as_numpy().reshape(len(inps), -1)
-            lps = get(resp, "output_log_probs").as_numpy().reshape(len(inps), -1)
-        cached, forward = (_host_array(get(resp, name)) for name in TARGET_FACTS)
-        hidden = _host_array(get(resp, "hidden_states"))
-        asked = {name: _host_array(get(resp, name)) for name in (*LOGPROB_OUTPUTS, *PROMPT_LOGPROB_OUTPUTS)}
-        out = []
-        for row, inp in enumerate(inps):
-            n = len(strip_padding(ids[row]))
-            k = 0 if drafted is None else len(strip_padding(drafted[row]))
-            h = None if hidden is None or hidden.ndim != 3 else hidden[row, :n].copy()
-            res = StepResult(ids[row, :n].tolist(), k, lps[row, :n].tolist(), h)
-            if cached is not None and forward is not None:
-                res.cached_tokens, res.forward_seconds = int(cached.reshape(-1)[row]), float(forward.reshape(-1)[row])
-            spec = inp.processors
-            if spec is not None and spec.logprobs and asked["output_token_ranks"] is not None:
-                res.logprobs = _logprobs(asked, LOGPROB_OUTPUTS, row, n, spec.top_logprobs, res.log_probs or [])
-            prompt_lps = asked["prompt_log_probs"]
-            if spec is not None and _first_with_prompt_logprobs(inp) and prompt_lps is not None:
-                n_prompt = len(inp.token_ids) - 1
-                res.prompt = _logprobs(asked, PROMPT_LOGPROB_OUTPUTS[1:], row, n_prompt, spec.prompt_logprobs,
-                                       prompt_lps[row, :n_prompt].tolist())
-            out.append(res)
+            outputs["output_ids"] = get(resp, "output_ids").as_numpy()
+            outputs["output_log_probs"] = get(resp, "output_log_probs").as_numpy()
+        out = decode_results(inps, outputs)
         self.stage_seconds["parse_response"] += time.perf_counter() - t2
         return out
 
     @staticmethod
-    def _walk(best: np.ndarray, best_probs: np.ndarray, drafted: np.ndarray | None,
+    def _walk(best: np.ndarray, best_probs: np.ndarray, drafted: np.ndarray | None, parents: np.ndarray | None,
               rows: int) -> tuple[np.ndarray, np.ndarray]:
         """A round's greedy verification (:func:`~spec_decode.verifier.argmax_walk`, what the verifier runs for
-        such rows) from target_model's ``target_argmax`` INT64 and ``target_argmax_probs`` FP32 [rows, k+1] and the
-        drafts ``draft_token_ids`` INT64 [rows, k] (None: no drafts), rows padded (-1, 0). A row the target scored
-        nothing for (a prompt chunk: no argmax) gets no token. Returns ``output_ids`` INT64 [rows, n] (padded with
-        -1) and ``output_log_probs`` FP32 [rows, n], as the verifier's."""
+        such rows) from target_model's ``target_argmax`` INT64 and ``target_argmax_probs`` FP32 [rows, k+1], the
+        drafts ``draft_token_ids`` INT64 [rows, k] (None: no drafts) and their ``draft_parents`` INT32 [rows, k]
+        (None: chains), rows padded (:mod:`.round_codec`). A row the target scored nothing for (a prompt chunk: no
+        argmax) gets no token. Returns ``output_ids`` INT64 [rows, n] (padded with -1) and ``output_log_probs`` FP32
+        [rows, n], as the verifier's."""
         width = best.reshape(rows, -1).shape[1]
         ids = np.full((rows, max(1, width)), -1, np.int64)
         lps = np.zeros(ids.shape, np.float32)
@@ -194,8 +163,9 @@ class TritonStep:
         for row in range(rows):
             row_best = strip_padding(best[row])
             if row_best:
-                drafts = [] if drafted is None else strip_padding(drafted[row])
-                out, out_lps = argmax_walk(row_best, torch.from_numpy(best_probs[row]), drafts)
+                drafts = [] if drafted is None else strip_padding(drafted.reshape(rows, -1)[row])
+                tree = None if parents is None else row_parents(parents.reshape(rows, -1)[row], len(drafts))
+                out, out_lps = argmax_walk(row_best, torch.from_numpy(best_probs[row]), drafts, tree)
                 ids[row, : len(out)], lps[row, : len(out)] = out, out_lps
         return ids, lps
 

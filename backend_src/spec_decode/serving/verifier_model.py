@@ -14,7 +14,11 @@ Greedy rows (temperature 0) are the argmax walk; one that target_model sent as i
 with the same result.
 Seeded sampled rows under rejection sampling are verified by the coupled race keyed by (seed, absolute position)
 (:func:`~spec_decode.verifier.rejection.coupled_sample`): ``token_ids`` gives the position (the number of committed
-ids), ``seeded`` whether the seed came from the client (absent: True). Metrics (docs/metrics.md): time verifying.
+ids), ``seeded`` whether the seed came from the client (absent: True). ``draft_parents`` (INT32 [k], optional;
+absent or empty: a chain; padded in a batch: its first k entries are read) makes a row's drafts a tree
+(:mod:`spec_decode.tree`; SpecInfer, Miao et al. 2024): the verifier walks it down, and a row's log-probs come from the
+target rows of its accepted path (:func:`spec_decode.tree.rows_of`); parents that are not a tree of the drafts fail
+that row alone, naming ``draft_parents``. Metrics (docs/metrics.md): time verifying.
 """
 
 from __future__ import annotations
@@ -24,12 +28,13 @@ import time
 import numpy as np
 import torch
 
+from .. import tree
 from ..processors import ProcessorSpec, TokenLogprobs, logprob_arrays, step_logprobs
 from ..verifier import Verifier, VerifierRow, VerifierSettings, argmax_walk
 from .adapter import strip_padding
 from .batching import BatchedBackend, Work
 from .metrics import Metrics
-from .step_inputs import acceptance_method, draft_token_ids, processor_spec, sampling_params, scalar
+from .step_inputs import acceptance_method, draft_parents, draft_token_ids, processor_spec, sampling_params, scalar
 from .wire import VERIFIER_INPUTS
 
 
@@ -110,8 +115,10 @@ class VerifierBackend(BatchedBackend):
         # generate sends it in every round).
         has_ids = inputs.get("token_ids") is not None
         position = len(strip_padding(inputs["token_ids"])) if has_ids else 0
+        parents = draft_parents(inputs, drafts.tolist())
         return VerifierRow(tp[: k + 1], drafts.to(tp.device), dp, params.seed, int(scalar(inputs, "step", 0)),
-                           params.is_greedy, acceptance_method(inputs), position, params.seeded and has_ids)
+                           params.is_greedy, acceptance_method(inputs), position, params.seeded and has_ids,
+                           None if parents is None else torch.tensor(parents, dtype=torch.int64))
 
     @staticmethod
     def _is_release(inputs: dict) -> bool:
@@ -123,8 +130,9 @@ class VerifierBackend(BatchedBackend):
         best = _argmax_ids(inputs)
         if best:  # a greedy row without log-probs: the argmax walk over what target_model sent
             start = time.perf_counter()
-            ids, lps = argmax_walk(best, torch.as_tensor(inputs["target_argmax_probs"]),
-                                   strip_padding(inputs.get("draft_token_ids", np.zeros(0, np.int64))))
+            drafts = strip_padding(inputs.get("draft_token_ids", np.zeros(0, np.int64)))
+            parents = draft_parents(inputs, drafts)
+            ids, lps = argmax_walk(best, torch.as_tensor(inputs["target_argmax_probs"]), drafts, parents)
             out = _outputs((ids, lps, None))
             self.metrics.add("spec_decode_verify_seconds_total", time.perf_counter() - start)
             return out
@@ -139,6 +147,14 @@ class VerifierBackend(BatchedBackend):
         start = time.perf_counter()
         out = self.verifier.verify_batch([row for row, _, _ in items])
         self.metrics.add("spec_decode_verify_seconds_total", time.perf_counter() - start)
-        return [(ids, lps, step_logprobs(row.target_probs, log_rows, ids, spec.top_logprobs)
+        return [(ids, lps, step_logprobs(row.target_probs, log_rows, ids, spec.top_logprobs, _path_rows(row, ids))
                  if spec is not None and spec.logprobs else None)
                 for (ids, lps), (row, spec, log_rows) in zip(out, items)]
+
+
+def _path_rows(row: VerifierRow, ids: list[int]) -> list[int] | None:
+    """The target rows that predicted a tree row's emitted ``ids`` (its accepted path's, :func:`spec_decode.tree.
+    rows_of`); None for a chain (its first rows)."""
+    if row.tree_parents is None:
+        return None
+    return tree.rows_of(tree.accepted_nodes(row.draft_token_ids.tolist(), row.tree_parents, ids))

@@ -1,4 +1,5 @@
-"""Compile every verifier kernel for a real GPU target without a GPU (``python -m spec_decode.verifier.compile_check``).
+"""Compile every verifier kernel for a real GPU target without a GPU (``python -m spec_decode.verifier.compile_check``;
+the tree kernels of :mod:`.tree_kernels` with ``--tree``).
 
 The interpreter (TRITON_INTERPRET=1) accepts constructs the compiler rejects (``break``, dtype-changing loop variables,
 ``if`` on a block), so CI also compiles each kernel ahead of time for sm_90 (H100/H200) with
@@ -12,11 +13,14 @@ import sys
 
 _PTRS = {"tp_ptr": "*fp32", "dp_ptr": "*fp32", "ids_ptr": "*i64", "seeds_ptr": "*i64", "greedy_ptr": "*i8",
          "u_ptr": "*fp32", "e_ptr": "*fp32", "out_ptr": "*i64", "flags_ptr": "*i32", "K": "i32", "V": "i32",
-         "posterior_threshold": "fp32", "posterior_alpha": "fp32"}
+         "posterior_threshold": "fp32", "posterior_alpha": "fp32", "par_ptr": "*i64", "r_ptr": "*fp32",
+         "rej_ptr": "*i64", "d_ptr": "*i64", "path_ptr": "*i64"}
 
 
-def compile_all(arch: int = 90, block_v: int = 4096) -> list[str]:
-    """Compile each kernel variant for ``cuda:arch`` (compute capability x 10) with tiles of ``block_v``.
+def compile_all(arch: int = 90, block_v: int = 4096, tree: bool = False,
+                dtypes: tuple[str, ...] = ("fp32", "bf16", "fp16")) -> list[str]:
+    """Compile each kernel variant for ``cuda:arch`` (compute capability x 10) with tiles of ``block_v``: the chain
+    kernels of :mod:`.kernels`, or with ``tree`` those of :mod:`.tree_kernels`; probabilities in each of ``dtypes``.
 
     Returns:
         one line per variant compiled.
@@ -30,12 +34,16 @@ def compile_all(arch: int = 90, block_v: int = 4096) -> list[str]:
 
     from .kernels import rejection_kernel, typical_kernel
 
+    if tree:
+        from .tree_kernels import tree_rejection_kernel as rejection_kernel
+        from .tree_kernels import tree_typical_kernel as typical_kernel
+
     target = GPUTarget("cuda", arch, 32)
     done = []
     variants = [(rejection_kernel, {"HAS_DRAFT_PROBS": p, "HAS_NOISE": n, "BLOCK_V": block_v})
                 for p in (True, False) for n in (True, False)]
     variants += [(typical_kernel, {"HAS_NOISE": n, "BLOCK_V": block_v}) for n in (True, False)]
-    jobs = [(fn, consts, dtype) for fn, consts in variants for dtype in ("fp32", "bf16", "fp16")]
+    jobs = [(fn, consts, dtype) for fn, consts in variants for dtype in dtypes]
     # Triton's JIT turns an integer argument equal to 1 into a constexpr: k = 1 drafts, or a vocabulary of 1.
     jobs += [(fn, {**consts, **ones}, "fp32") for fn, consts in (variants[0], variants[-1])
              for ones in ({"K": 1}, {"V": 1}, {"K": 1, "V": 1})]
@@ -49,6 +57,6 @@ def compile_all(arch: int = 90, block_v: int = 4096) -> list[str]:
 
 
 if __name__ == "__main__":
-    for line in compile_all():
+    for line in compile_all(tree="--tree" in sys.argv[1:]):
         print(line)
     sys.exit(0)

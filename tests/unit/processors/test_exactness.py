@@ -45,6 +45,20 @@ class CopyProposer(Proposer):
         return [Proposal.of(list(self.run[: r.k])) for r in requests]
 
 
+class TreeProposer(Proposer):
+    """Drafts a tree without probabilities (as suffix decoding and n-gram lookup do), breadth first within k nodes:
+    three root-level branches, then a child of each, forbidden tokens among them (spec_decode.tree); a chain (the
+    copy run) where the request asks for one."""
+
+    name = "tree"
+    tokens = (10, 0, 9, 11, 3, 10, 0, 5)
+    parents = (-1, -1, -1, 0, 1, 2, 3, 4)
+
+    def propose(self, requests):
+        return [Proposal.of(list(self.tokens[: r.k]), None, list(self.parents[: r.k])) if r.tree
+                else Proposal.of(list(CopyProposer.run[: r.k])) for r in requests]
+
+
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
@@ -56,7 +70,7 @@ def target_lm():
 @pytest.fixture(scope="module")
 def step(target_lm):
     return LocalStep({"uniform": UniformProposer(), "copy": CopyProposer(),
-                      "self": DraftModelProposer(CachedCausalLM(target_lm)),
+                      "self": DraftModelProposer(CachedCausalLM(target_lm)), "tree": TreeProposer(),
                       "draft": DraftModelProposer(CachedCausalLM(_peaked_lm(1, 3.0)))},
                      TargetScorer(CachedCausalLM(target_lm)))
 
@@ -76,7 +90,7 @@ def _run(step, real_tokenizer, method, k, n, spec=SPEC, seq=1, **kw):
     return gen, chunks
 
 
-@pytest.mark.parametrize("method", ["self", "draft", "uniform", "copy"])
+@pytest.mark.parametrize("method", ["self", "draft", "uniform", "copy", "tree"])
 @pytest.mark.parametrize("k", [1, 4])
 def test_greedy_output_with_processors_equals_none_s(step, real_tokenizer, method, k):
     plain, plain_chunks = _run(step, real_tokenizer, "none", 0, 24, seq=10)
@@ -119,7 +133,7 @@ def _processed(lm, ids, spec):
     return torch.softmax(process_logits(logits, spec, ids)[0].double(), -1)
 
 
-@pytest.mark.parametrize("method", ["self", "uniform", "draft", "copy"])
+@pytest.mark.parametrize("method", ["self", "uniform", "draft", "copy", "tree"])
 def test_sampled_output_keeps_the_processed_target_law(step, real_tokenizer, target_lm, method):
     """The joint law of the first three output tokens (drawn at positions 0, 1, 2 of one step when the drafts are
     accepted) is the processed target's: penalties counting the drafts before each position, min_tokens lifting at

@@ -102,3 +102,69 @@ def test_the_fallback_observes_the_steps_suffix_drafts():
     out = HybridProposer(_BySeq([], None), fallback).propose(reqs)
     assert fallback.seen == {"observe": [1, 3, 5], "propose": [2, 4]}
     assert [o.draft_token_ids.tolist() for o in out] == [[9, 9, 9], [4, 5, 6], [9, 9, 9], [4, 5, 6], [9, 9, 9]]
+
+
+class _Tree(Proposer):
+    """Proposes a fixed tree (tokens, parents, score, with or without draft probabilities); records each request's
+    ``tree``."""
+
+    name = "tree"
+
+    def __init__(self, tokens, parents=None, score=None, probs=False):
+        self.tokens, self.parents, self.score, self.probs, self.trees = tokens, parents, score, probs, []
+
+    def propose(self, requests):
+        self.trees += [r.tree for r in requests]
+        out = []
+        for _ in requests:
+            p = Proposal.of(self.tokens, self.score, self.parents)
+            if self.probs and self.tokens:
+                p.draft_probs = torch.full((len(self.tokens), 16), 1 / 16)
+            out.append(p)
+        return out
+
+
+def _hybrid_tree(suffix, fallback, k=4, tree=True):
+    (p,) = HybridProposer(suffix, fallback).propose([ProposalRequest(1, [1, 2], k, GREEDY, 0, tree=tree)])
+    return p.draft_token_ids.tolist(), None if p.draft_parents is None else p.draft_parents.tolist(), p
+
+
+def test_with_tree_set_both_parts_see_it_and_model_free_proposals_merge_within_k():
+    suffix, fallback = _Tree([7, 8, 5], [-1, 0, -1], 1.0), _Tree([7, 9, 10])
+    # the fallback (unscored, model-free) is chosen as before; suffix's nodes join it where they fit in k = 4
+    assert _hybrid_tree(suffix, fallback)[:2] == ([7, 9, 10, 8], [-1, 0, 1, 0])
+    assert suffix.trees == [True] and fallback.trees == [True]
+    assert _hybrid_tree(suffix, fallback, k=6)[:2] == ([7, 9, 10, 8, 5], [-1, 0, 1, 0, -1])
+    assert _hybrid_tree(suffix, fallback, k=3)[:2] == ([7, 9, 10], None)
+    # tree not set: the chosen proposal alone, as before
+    assert _hybrid_tree(suffix, fallback, tree=False)[:2] == ([7, 9, 10], None)
+    # the suffix draft chosen (the fallback has nothing, or scores lower): it comes first
+    assert _hybrid_tree(suffix, _Tree([]))[:2] == ([7, 8, 5], [-1, 0, -1])
+    tokens, parents, p = _hybrid_tree(suffix, _Tree([7, 9], None, 0.5))
+    assert (tokens, parents, p.score) == ([7, 8, 5, 9], [-1, 0, -1, 0], 1.0)
+
+
+def test_a_proposal_with_draft_probabilities_is_never_mixed_with_model_free_nodes():
+    suffix = _Tree([7, 8, 5], [-1, 0, -1], 1.0)
+    tokens, parents, p = _hybrid_tree(suffix, _Tree([7, 9, 10], score=2.0, probs=True), k=6)
+    assert (tokens, parents, tuple(p.draft_probs.shape)) == ([7, 9, 10], None, (3, 16))  # the model's chain
+    tokens, parents, p = _hybrid_tree(suffix, _Tree([7, 9, 10], score=0.5, probs=True), k=6)
+    assert (tokens, parents, p.draft_probs) == ([7, 8, 5], [-1, 0, -1], None)  # suffix's tree alone
+
+
+def test_suffix_and_ngram_with_tree_set_merge_into_one_tree():
+    """Suffix decoding and n-gram lookup (both model-free): n-gram's chain (chosen: suffix's score 3 < k) with suffix
+    decoding's draft from an earlier response beside it, k nodes at most."""
+    from spec_decode.proposers import NgramProposer
+    from spec_decode.tree import check_tree
+
+    suffix = SuffixProposer(SuffixSettings(max_spec_factor=2.0, backend="python"))
+    suffix.speculate(0, [9], 3)
+    suffix.release(0, [9, 1, 2, 3, 50, 51, 52])
+    hybrid = HybridProposer(suffix, NgramProposer())
+    (p,) = hybrid.propose([ProposalRequest(1, [1, 2, 3, 4, 1, 2, 3], 6, GREEDY, 0, tree=True)])
+    tokens, parents = p.draft_token_ids.tolist(), p.draft_parents.tolist()
+    assert (tokens, parents) == ([4, 1, 2, 3, 50, 51], [-1, 0, 1, 2, -1, 4])
+    check_tree(tokens, parents)
+    (p,) = hybrid.propose([ProposalRequest(2, [1, 2, 3, 4, 1, 2, 3], 6, GREEDY, 0)])
+    assert p.draft_token_ids.tolist() == [4, 1, 2, 3] and p.draft_parents is None  # no tree: n-gram's chain

@@ -84,6 +84,10 @@ def test_proposals_are_returned_as_tensors_per_row():
 
     out = _outputs(Proposal.of([3, 4]))
     assert out["draft_token_ids"].dtype == np.int64 and out["draft_probs"].shape == (0, 0)
+    assert out["draft_parents"].tolist() == [-1, 0] and out["draft_parents"].dtype == np.int32
+    out = _outputs(Proposal.of([3, 4, 5], None, [-1, -1, 1]))
+    assert out["draft_parents"].tolist() == [-1, -1, 1] and out["draft_parents"].dtype == np.int32
+    assert _outputs(Proposal.empty())["draft_parents"].size == 0
 
 
 def test_a_release_with_ids_that_are_not_token_ids_frees_the_caches_and_adds_nothing(draft):
@@ -129,3 +133,40 @@ def test_a_head_that_does_not_fit_the_target_is_refused_at_load_naming_the_file_
     with pytest.raises(SpeculatorLoadError, match=rf"{wide / 'config.json'}.*'hidden_size'.*48.*32"):
         DraftBackend({"draft_model_path": "", "suffix_backend": "python", "device": "cpu",
                       "speculator_path": str(wide)}, target_params={"model_path": str(tiny_dir)})
+
+
+def test_draft_parents_for_tree_and_chain_rows_and_releases(draft):
+    """``draft_tree`` (absent: False) reaches the proposer; ``draft_parents`` INT32 is the tree's parents, a chain's
+    [-1, 0, ...], or empty (no drafts, a release)."""
+    tree = np.array([True])
+    ids = [5, 6, 1, 2, 5, 6, 3, 5, 6]  # [5, 6] followed by 1 2 then by 3 5 6: n-gram lookup's two branches
+    out = draft.run_batch([_row(20, ids, "ngram", k=5, draft_tree=tree), _row(21, ids, "ngram", k=5),
+                           _row(22, [5, 6, 7], "draft", k=3, draft_tree=tree), _row(23, [1, 2], "none"),
+                           _row(24, [7, 8, 9], "suffix", k=3, draft_tree=tree)])
+    assert out[0]["draft_token_ids"].tolist() == [3, 5, 6, 1, 2]
+    assert out[0]["draft_parents"].tolist() == [-1, 0, 1, -1, 3] and out[0]["draft_parents"].dtype == np.int32
+    assert out[1]["draft_token_ids"].tolist() == [3, 5, 6] and out[1]["draft_parents"].tolist() == [-1, 0, 1]
+    assert len(out[2]["draft_token_ids"]) == 3 and out[2]["draft_parents"].tolist() == [-1, 0, 1]  # chains only
+    for o in out[1:]:
+        assert o["draft_parents"].dtype == np.int32 and len(o["draft_parents"]) == len(o["draft_token_ids"])
+    assert out[3]["draft_parents"].size == 0 and out[4]["draft_parents"].size == 0  # none; suffix: no match
+    released = draft.run_batch([_row(s, [5, 6, 7, 8], m, release=True) for s, m in ((22, "draft"), (24, "suffix"))])
+    for o in released:
+        assert o["draft_parents"].dtype == np.int32 and o["draft_parents"].size == 0
+        assert set(o) == {"draft_token_ids", "draft_parents", "draft_probs"}
+
+
+def test_a_suffix_tree_row_gets_both_branches(draft):
+    p = [1, 2, 3, 11, 12]  # followed by 4 5 10, 4 5 20 and 7 8 6; the prompt ends with it (a 5-token match)
+    prompt = p + [4, 5, 10] + p + [4, 5, 20] + p + [7, 8, 6] + p
+    (o,) = draft.run_batch([_row(25, prompt, "suffix", k=5, draft_tree=np.array([True]))])
+    tokens, parents = o["draft_token_ids"].tolist(), o["draft_parents"].tolist()
+    assert tokens[:2] == [4, 5] and parents[:2] == [-1, 0] and len(tokens) == 5
+    assert 7 in tokens and parents[tokens.index(7)] == -1
+    (chain,) = draft.run_batch([_row(26, prompt, "suffix", k=5)])
+    assert chain["draft_token_ids"].tolist()[:2] == [4, 5] and chain["draft_parents"].tolist() == [-1, 0, 1, 2, 3][
+        : len(chain["draft_token_ids"])]
+    from spec_decode.tree import check_tree
+
+    check_tree(tokens, parents)
+    draft.run_batch([_row(s, prompt, "suffix", release=True) for s in (25, 26)])

@@ -104,3 +104,65 @@ def test_a_greedy_row_sent_as_its_argmax_verifies_as_its_full_distributions_do()
         rows = [{**base, **{n: v[i] for n, v in batch.items()}} for i in range(2)]
         a, b = ver.run_batch(rows)
         assert a["output_ids"].tolist() == b["output_ids"].tolist() == full["output_ids"].tolist()
+
+
+def _tree_row(gen: torch.Generator, vocab: int = 13):
+    """A greedy tree row whose argmax path runs through the second root-level node, then its second child: target
+    probabilities, drafts, parents and the emitted ids."""
+    tp = torch.softmax(torch.randn(6, vocab, generator=gen) * 3, -1)
+    best = tp.argmax(-1).tolist()
+    drafts = [(best[0] + 1) % vocab, best[0], (best[2] + 1) % vocab, best[2], best[1]]
+    return tp, drafts, [-1, -1, 1, 1, 0], [best[0], best[2], best[4]]
+
+
+def test_a_tree_row_is_walked_down_its_tree_and_its_log_probs_come_from_the_accepted_paths_rows():
+    """draft_parents (INT32) makes a row's drafts a tree: full distributions and the argmax form give the argmax path,
+    log-probs and top-N alternatives from its rows (1 + node), raw log-prob rows too; in a batch, a tree row padded
+    beside a chain (parents padded with -1, the chain's sent explicitly) gets what it gets alone; bad parents fail
+    their row alone, naming draft_parents."""
+    from spec_decode import tree
+    from spec_decode.processors import ProcessorSpec
+
+    gen = torch.Generator().manual_seed(4)
+    ver = VerifierBackend({"backend": "torch", "num_threads": "0"})
+    tp, drafts, parents, expected = _tree_row(gen)
+    rows = tree.rows_of(tree.accepted_nodes(drafts, parents, expected))
+    assert rows == [0, 2, 4]
+    base = {"draft_token_ids": np.array(drafts, np.int64), "draft_probs": torch.zeros(0, 0),
+            "draft_parents": np.array(parents, np.int32), "temperature": np.array([0.0], np.float32),
+            "random_seed": np.array([0]), "step": np.array([0]), "acceptance_method": np.array([b"rejection"], object)}
+    full = ver.run(base | {"target_probs": tp})
+    assert full["output_ids"].tolist() == expected
+    np.testing.assert_allclose(full["output_log_probs"], torch.log(tp[rows, expected]).numpy(), rtol=1e-6)
+    compact = ver.run(base | {"target_probs": torch.zeros(0, 0), "target_argmax": tp.argmax(-1).numpy(),
+                              "target_argmax_probs": tp.max(-1).values.numpy()})
+    assert compact["output_ids"].tolist() == expected
+    np.testing.assert_allclose(compact["output_log_probs"], full["output_log_probs"], rtol=1e-6)
+    spec = np.array([ProcessorSpec(3, logprobs=True, top_logprobs=2).wire_text.encode()], object)
+    raw = torch.log_softmax(torch.randn(6, 13, generator=gen), -1)
+    for log_rows, source in ((None, torch.log(tp)), (raw, raw)):
+        extra = {} if log_rows is None else {"log_probs": log_rows}
+        got = ver.run(base | {"target_probs": tp, "logits_processors": spec} | extra)
+        assert got["output_ids"].tolist() == expected
+        np.testing.assert_allclose(got["output_log_probs"], source[rows, expected].numpy(), rtol=1e-6)
+        np.testing.assert_array_equal(got["top_log_prob_ids"], source[rows].topk(2, -1).indices.numpy())
+        np.testing.assert_array_equal(got["output_token_ranks"], (source[rows] > source[rows, expected][:, None])
+                                      .sum(-1).numpy() + 1)
+    # batched beside a sampled chain row of k = 2 (parents padded with -1), and beside rows with bad parents
+    chain = base | {"target_probs": torch.softmax(torch.randn(3, 13, generator=gen), -1),
+                    "draft_token_ids": np.array([1, 2], np.int64), "draft_parents": np.array([-1, 0], np.int32),
+                    "temperature": np.array([1.0], np.float32), "random_seed": np.array([9])}
+    tree_row = base | {"target_probs": tp}
+    batch = {name: stack_rows([np.asarray(r[name]) for r in (tree_row, chain)])
+             for name in ("target_probs", "draft_token_ids", "draft_parents")}
+    padded = [tree_row | {n: v[0] for n, v in batch.items()}, chain | {n: v[1] for n, v in batch.items()}]
+    assert padded[1]["draft_parents"].tolist() == [-1, 0, -1, -1, -1]
+    bad = [tree_row | {"draft_parents": np.array([-1, 3, 0, 1, 0], np.int32)},
+           tree_row | {"draft_parents": np.array([-1, -1], np.int32)},
+           base | {"target_probs": torch.zeros(0, 0), "target_argmax": tp.argmax(-1).numpy(),
+                   "target_argmax_probs": tp.max(-1).values.numpy(), "draft_parents": np.array([-1, -1, 1, 1, 4])}]
+    got = ver.run_batch(padded + bad)
+    assert got[0]["output_ids"].tolist() == expected
+    assert got[1]["output_ids"].tolist() == ver.run(chain)["output_ids"].tolist()
+    for err, what in zip(got[2:], ("node 1's parent must lie in", "one parent per draft", "node 4's parent")):
+        assert isinstance(err, ValueError) and "draft_parents" in str(err) and what in str(err)

@@ -90,14 +90,14 @@ def test_the_text_decoder_decodes_utf8_and_returns_the_default_as_given():
         wire.text({"speculative_method": np.array([b"\xff"], object)}, "speculative_method")
 
 
-def test_round_inputs_travel_in_their_wire_dtypes():
+def test_encoded_rounds_travel_in_their_wire_dtypes():
     from spec_decode.protocol import StepInputs
     from spec_decode.sampling import SamplingParams
-    from spec_decode.serving.step_inputs import round_inputs
+    from spec_decode.serving.round_codec import encode_round
 
     inps = [StepInputs(7, [1, 2, 3], 2, "ngram", SamplingParams(0.5, seed=3), 1),
             StepInputs(8, [4], 0, "none", SamplingParams(), 0)]
     for release in (False, True):
-        for name, value in round_inputs(inps, release).items():
+        for name, value in encode_round(inps, release).items():
             assert value.dtype == wire.STEP[name].numpy_dtype, name
             assert value.ndim == 1 + len(wire.STEP[name].dims), name

@@ -10,6 +10,10 @@
 - ``python``: :class:`~.tree.SuffixTree`, a pure-Python dictionary trie with the same semantics (no compiler
   needed). Updates cost O(max_tree_depth) per token, and text that never repeats adds up to max_tree_depth nodes per
   token, so it suits small caches only.
+
+Either engine drafts a chain, or with ``use_tree_spec`` a token tree expanded best-first by running probability
+(suffix decoding's speculation trees: Oliaro et al., "SuffixDecoding", arXiv 2411.04975), whose nodes come back in
+:func:`~.tree.chain_first` order: topological, the most probable chain first.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from typing import Any, Protocol
 
-from .tree import SuffixDraft, SuffixTree, speculate
+from .tree import SuffixDraft, SuffixTree, chain_first, speculate
 
 
 class _Engine(Protocol):
@@ -40,9 +44,10 @@ class _Engine(Protocol):
         """Undo :meth:`add` of ``seq_id`` (``tokens``: what it added)."""
 
     def speculate(self, tree: Any, context: list[int], own: bool, k: int, factor: float, offset: float,
-                  min_prob: float) -> SuffixDraft:
+                  min_prob: float, use_tree: bool) -> SuffixDraft:
         """The tree's best draft for the end of ``context`` (:func:`~.tree.speculate`'s arguments); ``own``: the
-        tree is the request's, whose current sequence is ``context``."""
+        tree is the request's, whose current sequence is ``context``; ``use_tree``: a token tree in
+        :func:`~.tree.chain_first` order, else a chain."""
 
 
 class _PythonEngine:
@@ -66,9 +71,9 @@ class _PythonEngine:
         tree.remove_sequence(list(tokens))
 
     def speculate(self, tree: SuffixTree, context: list[int], own: bool, k: int, factor: float, offset: float,
-                  min_prob: float) -> SuffixDraft:
+                  min_prob: float, use_tree: bool) -> SuffixDraft:
         nodes = tree.suffix_nodes() if own else None  # a request tree's current sequence is the context
-        return speculate(tree, context, k, factor, offset, min_prob, nodes=nodes)
+        return speculate(tree, context, k, factor, offset, min_prob, nodes=nodes, use_tree=use_tree)
 
 
 class _ArcticEngine:
@@ -94,9 +99,11 @@ class _ArcticEngine:
         tree.remove(seq_id)
 
     def speculate(self, tree, context: list[int], own: bool, k: int, factor: float, offset: float,
-                  min_prob: float) -> SuffixDraft:
-        d = tree.speculate(context, k, factor, offset, min_prob, False)
-        return SuffixDraft(list(d.token_ids), list(d.probs), float(d.score), int(d.match_len))
+                  min_prob: float, use_tree: bool) -> SuffixDraft:
+        # Arctic's parents are ours (-1: the context's last token; a node's parent comes before it)
+        d = tree.speculate(context, k, factor, offset, min_prob, use_tree)
+        draft = SuffixDraft(list(d.token_ids), list(d.probs), float(d.score), int(d.match_len), list(d.parents))
+        return chain_first(draft) if use_tree else draft
 
 
 class SuffixCache:
@@ -196,7 +203,8 @@ class SuffixCache:
         self._cached_token_count -= len(tokens)
 
     def speculate(self, req_id, context, max_spec_tokens: int, max_spec_factor: float = 1.0,
-                  max_spec_offset: float = 0.0, min_token_prob: float = 0.1, use_global: bool = True) -> SuffixDraft:
+                  max_spec_offset: float = 0.0, min_token_prob: float = 0.1, use_global: bool = True,
+                  use_tree_spec: bool = False) -> SuffixDraft:
         """Best draft of the request's tree and the global tree for the end of ``context`` (ties: the request's).
 
         Args:
@@ -205,6 +213,8 @@ class SuffixCache:
             max_spec_tokens, max_spec_factor, max_spec_offset, min_token_prob: the draft's bounds
                 (:func:`~.tree.speculate`).
             use_global: False matches the request's tree only.
+            use_tree_spec: draft a token tree (expanded best-first, at most ``max_spec_tokens`` nodes, the most
+                probable chain first: :func:`~.tree.chain_first`), as Arctic's argument of that name; else a chain.
 
         Raises:
             ValueError: ``req_id`` is not active.
@@ -212,7 +222,7 @@ class SuffixCache:
         if req_id not in self._local:
             raise ValueError(f"Request '{req_id}' is not active")
         context = [int(t) for t in context[-self.max_tree_depth :]]
-        args = (max_spec_tokens, max_spec_factor, max_spec_offset, min_token_prob)
+        args = (max_spec_tokens, max_spec_factor, max_spec_offset, min_token_prob, use_tree_spec)
         local = self.engine.speculate(self._local[req_id][0], context, True, *args)
         if not self._cached or not use_global:
             return local

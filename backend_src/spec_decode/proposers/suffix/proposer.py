@@ -1,7 +1,10 @@
 """The suffix decoding proposer (``speculative_method=suffix``; Arctic Inference's suffix decoding in vLLM).
 
 No draft probabilities: the verifier treats q as one-hot. Each proposal carries its score (the expected number of
-accepted tokens), by which hybrid chooses between it and another proposer's draft.
+accepted tokens), by which hybrid chooses between it and another proposer's draft. A request with ``tree`` set gets
+suffix decoding's speculation tree (Oliaro et al., "SuffixDecoding", arXiv 2411.04975; Arctic Inference's
+``use_tree_spec``): the continuations of the best match expanded best-first by running probability, at most k nodes,
+the most probable chain first; its score is the sum of the nodes' probabilities.
 """
 
 from __future__ import annotations
@@ -104,7 +107,8 @@ class SuffixProposer(Proposer):
         self.cache.start_request(seq_id, token_ids)
         self._ids.put(seq_id, list(token_ids))
 
-    def speculate(self, seq_id: int, token_ids: list[int], k: int, use_global: bool = True) -> SuffixDraft:
+    def speculate(self, seq_id: int, token_ids: list[int], k: int, use_global: bool = True,
+                  tree: bool = False) -> SuffixDraft:
         """Best draft of the request's tree and the global tree for the end of ``token_ids`` (at most ``k`` tokens),
         after feeding the cache the ids it has not seen.
 
@@ -113,20 +117,23 @@ class SuffixProposer(Proposer):
             token_ids: its committed ids (prompt + output so far).
             k: most tokens to draft.
             use_global: also match earlier responses (False: the request's own tree only).
+            tree: draft a token tree of at most ``k`` nodes (``parents``; :meth:`~.cache.SuffixCache.speculate`'s
+                ``use_tree_spec``), else a chain.
         """
         s = self.settings
         token_ids = [int(t) for t in token_ids]
         self._sync(seq_id, token_ids)
         return self.cache.speculate(seq_id, token_ids, k, s.max_spec_factor, s.max_spec_offset, s.min_token_prob,
-                                    use_global)
+                                    use_global, tree)
 
     def propose(self, requests: list[ProposalRequest]) -> list[Proposal]:
         """Per request, up to ``k`` draft tokens from suffix matching, without draft probabilities, with their score
-        (the expected number of accepted tokens; 0 when nothing matched)."""
+        (the expected number of accepted tokens; 0 when nothing matched): a chain, or for a request with ``tree`` set
+        a tree of at most ``k`` nodes (``draft_parents``; None when the tree is a chain)."""
         out = []
         for r in requests:
-            draft = self.speculate(r.seq_id, r.token_ids, r.k)
-            out.append(Proposal.of(draft.token_ids, draft.score))
+            draft = self.speculate(r.seq_id, r.token_ids, r.k, tree=r.tree)
+            out.append(Proposal.of(draft.token_ids, draft.score, draft.parents if r.tree else None))
         return out
 
     def release(self, seq_id: int, final_token_ids: list[int] | None = None) -> None:
