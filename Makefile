@@ -77,6 +77,7 @@ bench: $(STAMP)
 	$(PY) -m bench.engine_vs_server --output results/engine_vs_server.json
 	$(PY) -m bench.forward_cost --output results/forward_cost.json
 	$(PY) -m bench.dtype --output results/dtype.json
+	$(PY) -m bench.trees --output results/trees.json
 	$(PY) -m bench.greedy_agreement --output results/greedy_agreement.json
 	$(PY) -m bench.draft_cost --output results/draft_cost.json
 	$(PY) -m bench.suffix_cache --output results/suffix_cache.json
