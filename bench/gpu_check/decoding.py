@@ -282,7 +282,8 @@ def forward_cost(ctx: Context, lm, batches: Sequence[int] = (1, 8),
 
 def sync_free(ctx: Context, lm) -> dict | None:
     """Whether a warm round's forward makes no host synchronisation on CUDA: one eager forward and, where a shape was
-    captured, one graph replay of a batch-8 verification round (k = 4, 300-token caches), each under
+    captured, one graph replay of a batch-8 verification round (k = 4, 300-token caches), and the same round with its
+    drafts as a tree (two branches: the tree mask built from parents), each under
     ``torch.cuda.set_sync_debug_mode("error")`` (a synchronising call raises). None in CPU mode."""
     if not ctx.cuda:
         return None
@@ -291,34 +292,37 @@ def sync_free(ctx: Context, lm) -> dict | None:
     g = torch.Generator().manual_seed(8)
     seqs = [2 * 10**9 + j for j in range(8)]
     ids = [torch.randint(3, lm.vocab_size, (FORWARD_CACHE + 5,), generator=g).tolist() for _ in seqs]
-    lm.logits_batch([(s, x[:FORWARD_CACHE], 1) for s, x in zip(seqs, ids)])
-    rows = [lm._prepare(s, x, 5, set(seqs)).row for s, x in zip(seqs, ids)]
     out = {}
-    for captured in (False, True):
-        shape, is_graph = lm.round_shape(rows)
-        if captured and not is_graph:
-            out["graph"] = "no captured shape"
-            continue
-        packed = pack_round(rows, shape, lm.block_size)
-        if not captured:
-            inputs = unpack_round(torch.from_numpy(packed).to(lm.device), shape)
-        torch.cuda.synchronize()
-        try:
-            torch.cuda.set_sync_debug_mode("error")
-            with torch.inference_mode():
-                if captured:
-                    graph, _ = lm.graphs._graphs[shape]
-                    graph.replay()
-                else:
-                    lm._forward_fn.run(inputs)
-            out["graph" if captured else "eager"] = "no synchronisation"
-        except RuntimeError as exc:
-            out["graph" if captured else "eager"] = f"synchronises: {exc}"
-            ctx.fail(f"decoding: the {'captured' if captured else 'eager'} forward synchronises with the host: {exc}")
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    for s in seqs:
-        lm.release(s)
+    for label, tree in (("", None), ("tree ", [-1, 0, -1, 2])):
+        lm.logits_batch([(s, x[:FORWARD_CACHE], 1) for s, x in zip(seqs, ids)])
+        rows = [lm._prepare(s, x, 5, set(seqs), tree).row for s, x in zip(seqs, ids)]
+        for captured in (False, True):
+            name = label + ("graph" if captured else "eager")
+            shape, is_graph = lm.round_shape(rows)
+            if captured and not is_graph:
+                out[name] = "no captured shape"
+                continue
+            packed = pack_round(rows, shape, lm.block_size)
+            if not captured:
+                inputs = unpack_round(torch.from_numpy(packed).to(lm.device), shape)
+            torch.cuda.synchronize()
+            try:
+                torch.cuda.set_sync_debug_mode("error")
+                with torch.inference_mode():
+                    if captured:
+                        graph, _ = lm.graphs._graphs[shape]
+                        graph.replay()
+                    else:
+                        lm._forward_fn.run(inputs)
+                out[name] = "no synchronisation"
+            except RuntimeError as exc:
+                out[name] = f"synchronises: {exc}"
+                ctx.fail(f"decoding: the {label}{'captured' if captured else 'eager'} forward synchronises with the "
+                         f"host: {exc}")
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        for s in seqs:
+            lm.release(s)
     return out
 
 

@@ -132,6 +132,7 @@ def capture_rounds(forward: PagedForward, device: torch.device, max_sequences: i
     pages = [-(-c // page_size) for c in contexts]
     shapes = capture_shapes(batches, GRAPH_QUERIES, pages)
     shapes += capture_shapes([b for b in batches if b <= GRAPH_TREE_BATCH], GRAPH_TREE_QUERIES, pages, tree=True)
+    shapes.sort(key=lambda s: (s.batch * s.query * s.pages, s.batch, s.query), reverse=True)  # largest first
     graphs = CapturedForward(forward, shapes, device)
     try:
         graphs.capture()

@@ -41,6 +41,7 @@ from .paged_forward import (
     pack_round,
     span_of,
     split_by_padding,
+    tree_paths,
     unpack_round,
 )
 from .pages import ROOT_KEY, BlockManager, OutOfPages, PagedSequence
@@ -334,7 +335,9 @@ class CachedCausalLM:
             flat = torch.from_numpy(packed)
             if self.device.type != "cpu":
                 flat = flat.pin_memory().to(self.device, non_blocking=True)
-            logits, hidden = self._forward_fn.run(unpack_round(flat, shape), span=span_of(rows, shape, self.block_size))
+            paths = tree_paths(rows, shape, self.device) if shape.tree and self.batch_invariant else None
+            logits, hidden = self._forward_fn.run(unpack_round(flat, shape), span=span_of(rows, shape, self.block_size),
+                                                  paths=paths)
         return [(logits[r, : row.n_logits], hidden[r, : row.n_logits]) for r, row in enumerate(rows)]
 
     # -- pages -----------------------------------------------------------------------------------------------------

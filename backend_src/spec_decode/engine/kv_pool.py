@@ -115,8 +115,10 @@ class KVPool:
         """Copy slots ``src`` into slots ``dst`` (same length), every layer; every source is read before any slot is
         written (a draft tree's accepted path moved into place, :mod:`.tree_slots`)."""
         if src:
-            dev = self.data.device
-            self.data[:, :, :, torch.tensor(dst, device=dev)] = self.data[:, :, :, torch.tensor(src, device=dev)]
+            index = torch.tensor([src, dst], dtype=torch.int64)
+            if self.data.device.type == "cuda":  # no host synchronisation: a pinned copy, in stream order
+                index = index.pin_memory().to(self.data.device, non_blocking=True)
+            self.data[:, :, :, index[1]] = self.data[:, :, :, index[0]]
 
     def slots(self) -> int:
         """Slots per layer (pages x page size)."""

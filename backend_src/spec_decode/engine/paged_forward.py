@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .aux_states import AuxHiddenStates
+from .invariant_attention import TreePaths
 from .kv_pool import KVPool, PagedCache, cache_keyword, read_slots
 
 QUERY_BUCKETS = (1, 2, 3, 5, 9, 17)  # k + 1 for k = 0, 1, 2, 4, 8, 16
@@ -176,6 +177,46 @@ def unpack_round(flat: torch.Tensor, shape: RoundShape) -> dict[str, torch.Tenso
     return views
 
 
+def tree_paths(rows: list[RoundRow], shape: RoundShape, device: torch.device) -> TreePaths:
+    """A tree round's root-to-leaf paths for the batch-invariant attention (:class:`~.invariant_attention.TreePaths`):
+    per row, one path per leaf of its new tokens (a chain row: one), each the leaf's ancestors from column 0; a query
+    is taken from the first path that holds it. Host-side (an eager round's: the batch-invariant forward runs on a
+    CPU)."""
+    row_of: list[int] = []
+    cols: list[list[int]] = []
+    context: list[int] = []
+    first: dict[tuple[int, int], tuple[int, int]] = {}  # (row, column) -> (path, depth) of its first path
+    for r, row in enumerate(rows):
+        n = len(row.new_ids)
+        parents = row.parents if row.parents is not None else list(range(-1, n - 1))
+        has_child = set(parents)
+        for leaf in (c for c in range(n) if c not in has_child):
+            path, c = [], leaf
+            while c >= 0:
+                path.append(c)
+                c = parents[c]
+            path.reverse()
+            for i, col in enumerate(path):
+                first.setdefault((r, col), (len(cols), i))
+            row_of.append(r)
+            cols.append(path)
+            context.append(row.cached)
+    m = max(len(c) for c in cols)
+    take = np.zeros((shape.batch, shape.query), dtype=np.int64)  # padded rows and columns: entry 0, never read
+    for (r, col), (p, i) in first.items():
+        take[r, col] = p * m + i
+    keys = np.zeros((len(cols), max(c0 + len(p) for c0, p in zip(context, cols))), dtype=np.int64)
+    padded = np.zeros((len(cols), m), dtype=np.int64)
+    for p, (path, c0) in enumerate(zip(cols, context)):
+        padded[p, : len(path)] = path
+        padded[p, len(path):] = path[-1]
+        keys[p, :c0] = np.arange(c0)
+        keys[p, c0 : c0 + len(path)] = c0 + np.asarray(path)
+    as_t = lambda x: torch.from_numpy(x).to(device)  # noqa: E731
+    return TreePaths(as_t(np.asarray(row_of, dtype=np.int64)), as_t(padded), as_t(keys),
+                     as_t(np.asarray(context, dtype=np.int64)), as_t(take))
+
+
 def ancestors(parents: torch.Tensor) -> torch.Tensor:
     """[B, Q, Q] bool: ``out[b, q, j]`` when new token j is q itself or an ancestor of q, from ``parents`` [B, Q] int64
     (-1: none). Built by doubling: ``ceil(log2 Q)`` boolean matrix products, no host synchronisation."""
@@ -229,10 +270,12 @@ class PagedForward:
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
                  block_table: torch.Tensor, seq_lens: torch.Tensor, out_index: torch.Tensor,
-                 span: tuple[int, int, int] | None = None, parents: torch.Tensor | None = None):
+                 span: tuple[int, int, int] | None = None, parents: torch.Tensor | None = None,
+                 paths: TreePaths | None = None):
         """The forward (class docstring). ``span`` (eager rounds only): (first slot, length, new tokens) of a single
         row whose slots are consecutive, read as a view of the pool over exactly its length
-        (:class:`~.kv_pool.PagedCache`). ``parents`` [B, Q] int64: a tree round's (module docstring)."""
+        (:class:`~.kv_pool.PagedCache`). ``parents`` [B, Q] int64: a tree round's (module docstring); ``paths``: its
+        root-to-leaf paths for the batch-invariant attention (:func:`tree_paths`; eager rounds only)."""
         if span is None:
             read = read_slots(block_table, seq_lens, self.page_size)  # [B, L]; past a row's length slot 0, masked below
             kpos = torch.arange(read.shape[1], device=read.device)
@@ -246,8 +289,9 @@ class PagedForward:
         allowed = allowed | (kpos == 0)
         mask = torch.where(allowed, 0.0, torch.finfo(self.dtype).min).to(self.dtype)[:, None]  # [B, 1, Q, L]
         cache = PagedCache(self.pool, write_slots, read, span)
+        extra = {} if paths is None else {"tree_paths": paths}
         out = self.decoder(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                           **{self.cache_kw: cache})
+                           **{self.cache_kw: cache}, **extra)
         h = out.last_hidden_state
         index = out_index[:, :, None].expand(-1, -1, h.shape[-1])
         hidden = h.gather(1, index)  # [B, O, H]
@@ -256,11 +300,12 @@ class PagedForward:
             hidden = self.aux.gather(hidden, out_index)
         return logits, hidden
 
-    def run(self, inputs: dict[str, torch.Tensor], span: tuple[int, int, int] | None = None):
+    def run(self, inputs: dict[str, torch.Tensor], span: tuple[int, int, int] | None = None,
+            paths: TreePaths | None = None):
         """The call on a round's inputs by field name (:func:`unpack_round`)."""
         return self(inputs["input_ids"], inputs["positions"], inputs["write_slots"], inputs["block_table"],
-                    inputs["seq_lens"], inputs["out_index"], span=span, parents=inputs.get("parents"))
+                    inputs["seq_lens"], inputs["out_index"], span=span, parents=inputs.get("parents"), paths=paths)
 
 
 __all__ = ["BATCH_BUCKETS", "FIELDS", "QUERY_BUCKETS", "PagedForward", "RoundRow", "RoundShape", "ancestors", "bucket",
-           "pack_round", "span_of", "split_by_padding", "tree_visibility", "unpack_round"]
+           "pack_round", "span_of", "split_by_padding", "tree_paths", "tree_visibility", "unpack_round"]

@@ -97,6 +97,52 @@ def test_the_embedded_model_in_bfloat16_is_batch_invariant(real_model):
     assert probe_forward(lm, positions=9, context=300) == 0
 
 
+@BF16_INVARIANT
+def test_the_embedded_models_tree_rounds_are_plain_decoding_in_bfloat16(real_model_dir, real_tokenizer):
+    """n-gram trees on the real model in bfloat16 (HumanEval prompt 4, whose trees have nodes with a masked cousin
+    slot before them): every tree round's node logits are plain decoding's of its path, bit for bit, and the output
+    is plain decoding's. Under the tree mask alone the masked slot shifted later keys' partial sums (a logit 0.375 off
+    at the first tree, the output different from its 22nd token); each path attended to as a chain
+    (invariant_attention.TreePaths) cures it."""
+    from client.datasets import humaneval_prompts
+    from spec_decode.engine.model_loading import load_causal_lm
+    from spec_decode.engine.scorer import TargetScorer
+    from spec_decode.generation import Generation
+    from spec_decode.in_process import LocalStep, run_local
+    from spec_decode.proposers.ngram import NgramProposer
+    from spec_decode.request import GenerationRequest
+    from spec_decode.tree import path_tokens
+
+    model = load_causal_lm(real_model_dir, torch.device("cpu"), torch.bfloat16)  # as target_model loads it
+    prompt = real_tokenizer(humaneval_prompts(5)[4])["input_ids"]
+    plain = CachedCausalLM(model, max_sequences=4, max_tokens=4096)
+    trees = 0
+
+    def run(method: str, lm: CachedCausalLM) -> list[int]:
+        req = GenerationRequest("x", 40, speculative_method=method, num_draft_tokens=8, draft_tree=True)
+        gen = Generation(1, prompt, req, real_tokenizer, [real_tokenizer.eos_token_id], 4096, 0)
+        run_local(gen, LocalStep({"ngram": NgramProposer()}, TargetScorer(lm)))
+        return gen.output_ids
+
+    lm = CachedCausalLM(model, max_sequences=4, max_tokens=4096)
+    scored = lm.logits_batch
+
+    def checked(calls, **kw):  # every tree row against plain decoding of its path
+        nonlocal trees
+        out = scored(calls, **kw)
+        for (_, ids, n, *tree), res in zip(calls, out):
+            if tree and tree[0] is not None:
+                trees += 1
+                base = ids[: len(ids) - n + 1]
+                for j, path in enumerate(path_tokens(ids[len(base):], tree[0])):
+                    assert torch.equal((res[0] if kw.get("hidden") else res)[j], plain.logits(9, base + path, 1)[0])
+        return out
+
+    lm.logits_batch = checked
+    assert run("ngram", lm) == run("none", CachedCausalLM(model, max_sequences=4, max_tokens=4096))
+    assert trees > 0
+
+
 def test_cpu_flags(tmp_path):
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nflags\t\t: fpu sse avx512f avx512_bf16 amx_tile\n\nprocessor\t: 1\n"
