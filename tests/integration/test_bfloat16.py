@@ -1,7 +1,8 @@
 """bfloat16 through the real server (spec_decode.engine.invariant_attention, dtype_choice): the embedded target, its
-self-draft and suffix decoding served in bfloat16 on this CPU give plain decoding's greedy tokens with every
-method, one stream at a time and all streams at once, and a seeded sampled request the same tokens with every method;
-the load log says which dtype and that the forward is batch-invariant."""
+self-draft, suffix decoding and n-gram lookup (drafting trees, the server's default) served in bfloat16 on this CPU
+give plain decoding's greedy tokens with every method, one stream at a time and all streams at once, and a seeded
+sampled request the same tokens with every method; the load log says which dtype and that the forward is
+batch-invariant."""
 
 from concurrent.futures import ThreadPoolExecutor
 
@@ -12,7 +13,7 @@ from client.datasets import humaneval_prompts
 from client.generate import stream_generate
 from spec_decode.engine.dtype_choice import kernels_batch_invariant
 
-METHODS = ("none", "suffix", "draft")  # plain, the default (model-free) and a model proposer (the self-draft)
+METHODS = ("none", "suffix", "ngram", "draft")  # plain, the default, n-gram (whose trees branch) and the self-draft
 N_PROMPTS, N_TOKENS = 2, 32
 
 pytestmark = pytest.mark.skipif(not kernels_batch_invariant(torch.bfloat16),
@@ -43,7 +44,7 @@ def test_every_method_gives_plain_decodings_greedy_tokens_alone_and_concurrently
     assert all(len(ids) > 10 for ids in plain)
     for method in METHODS[1:]:
         assert [_ids(url, p, method) for p in prompts] == plain, method
-    jobs = [(m, i) for m in METHODS for i in range(N_PROMPTS)] + [("suffix", 0), ("draft", 1)]  # 8 streams at once
+    jobs = [(m, i) for m in METHODS for i in range(N_PROMPTS)]  # 8 streams at once
     with ThreadPoolExecutor(len(jobs)) as pool:
         got = list(pool.map(lambda job: _ids(url, prompts[job[1]], job[0]), jobs))
     for (method, i), ids in zip(jobs, got):
