@@ -132,16 +132,17 @@ def _row_flags(b: int, seeds, is_greedy, device) -> tuple[torch.Tensor, torch.Te
 
 
 def _torch_noise(seeds: torch.Tensor, greedy: torch.Tensor, draft_token_ids: torch.Tensor,
-                 v: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 v: int, lengths: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row noise from a generator keyed by (row seed, purpose): uniform [B, k], exponential [B, V] (CPU).
 
-    A row draws uniforms for its drafts before its first -1 placeholder only (the rest stay 0: never used), so a row
-    padded to a batch's longer k draws what it draws alone. Greedy rows use no noise (they get zeros and ones, which
-    their argmax walk ignores)."""
+    A row draws uniforms for its drafts before its first -1 placeholder only (``lengths``: per row, how many it draws
+    instead; the rest stay 0: never used), so a row padded to a batch's longer k draws what it draws alone. Greedy rows
+    use no noise (they get zeros and ones, which their argmax walk ignores)."""
     b, k = draft_token_ids.shape
     u = torch.zeros(b, k)
     e = torch.ones(b, v)
-    lengths = _first_rejection((draft_token_ids >= 0).cpu()).tolist()  # drafts before the first placeholder
+    if lengths is None:
+        lengths = _first_rejection((draft_token_ids >= 0).cpu()).tolist()  # drafts before the first placeholder
     for row, (s, g) in enumerate(zip(seeds.tolist(), greedy.tolist())):
         if not g:
             u[row, : lengths[row]] = torch.rand(lengths[row], generator=generator_for(s, NoisePurpose.VERIFIER_UNIFORM))

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling import NoisePurpose, generator_for
 from .rejection import (
     TYPICAL_ALPHA,
     TYPICAL_EPSILON,
     _resolve_backend,
     _row_flags,
+    _torch_noise,
     check_typical_parameters,
     validate_inputs,
 )
@@ -81,16 +81,10 @@ def _tree_noise(seeds: torch.Tensor, greedy: torch.Tensor, draft_token_ids: torc
     """Per-row noise keyed by (row seed, purpose), as :func:`~.rejection._torch_noise`: uniform [B, n] (a row draws
     one per node up to its last real node, so a row padded with -1 nodes at its end draws what it draws alone, and a
     chain draws what the chain sampler draws), exponential [B, V] (CPU). Greedy rows get zeros and ones (unused)."""
-    b, n = draft_token_ids.shape
-    u = torch.zeros(b, n)
-    e = torch.ones(b, v)
+    n = draft_token_ids.shape[1]
     real = (draft_token_ids >= 0).cpu()
-    last = torch.where(real, torch.arange(1, n + 1), 0).amax(-1).tolist() if n else [0] * b
-    for row, (s, g) in enumerate(zip(seeds.tolist(), greedy.tolist())):
-        if not g:
-            u[row, : last[row]] = torch.rand(last[row], generator=generator_for(s, NoisePurpose.VERIFIER_UNIFORM))
-            e[row].exponential_(1.0, generator=generator_for(s, NoisePurpose.VERIFIER_RACE)).clamp_min_(1e-30)
-    return u, e
+    last = torch.where(real, torch.arange(1, n + 1), 0).amax(-1).tolist() if n else [0] * len(real)
+    return _torch_noise(seeds, greedy, draft_token_ids, v, last)
 
 
 def tree_rejection_sample(
