@@ -23,12 +23,13 @@ in-process transport (:mod:`spec_decode.in_process`) builds its results with the
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..processors import TokenLogprobs
 from ..protocol import StepInputs, StepResult, step_result
-from ..tree import is_chain
+from ..tree import chain_parents, is_chain
 from .adapter import stack_rows, strip_padding
 from .step_inputs import needs_hidden_states
 from .wire import PROMPT_LOGPROB_OUTPUTS, STEP
@@ -98,6 +99,44 @@ def row_parents(parents: np.ndarray | None, k: int) -> list[int] | None:
     return None if is_chain(out) else out
 
 
+@dataclass(frozen=True)
+class RoundDrafts:
+    """A round's drafts, flat, in the manner of vLLM's ``SpecDecodeMetadata``: every row's draft ids one after the
+    other, the count per row, and every draft's parent (a chain's ``[-1, 0, 1, ...]`` spelled out), decoded once from
+    the round's padded ``draft_token_ids`` / ``draft_parents`` (module docstring).
+
+    Attributes:
+        draft_token_ids: [sum k] int64. num_draft_tokens: [B] int64 (k' per row).
+        parents: [sum k] int64, each draft's parent among its own row's drafts (-1: the last committed token).
+    """
+
+    draft_token_ids: np.ndarray
+    num_draft_tokens: np.ndarray
+    parents: np.ndarray
+
+    @staticmethod
+    def decode(rows: int, draft_token_ids: np.ndarray | None, draft_parents: np.ndarray | None) -> RoundDrafts:
+        """From a round's padded outputs ([B, k] each; None: no drafts, or chains). A row's drafts are its ids
+        without their trailing -1s; its parents the first k' entries of its parents row."""
+        ids, counts, parents = [], [], []
+        padded = None if draft_token_ids is None else np.asarray(draft_token_ids).reshape(rows, -1)
+        par = None if draft_parents is None else np.asarray(draft_parents).reshape(rows, -1)
+        for row in range(rows):
+            drafts = [] if padded is None else strip_padding(padded[row])
+            tree = None if par is None else row_parents(par[row], len(drafts))
+            ids += drafts
+            counts.append(len(drafts))
+            parents += chain_parents(len(drafts)) if tree is None else tree
+        return RoundDrafts(np.asarray(ids, np.int64), np.asarray(counts, np.int64), np.asarray(parents, np.int64))
+
+    def row(self, i: int) -> tuple[list[int], list[int] | None]:
+        """Row ``i``'s (draft ids, parents: None for a chain)."""
+        start = int(self.num_draft_tokens[:i].sum())
+        end = start + int(self.num_draft_tokens[i])
+        parents = self.parents[start:end].tolist()
+        return self.draft_token_ids[start:end].tolist(), None if is_chain(parents) else parents
+
+
 def _logprobs(names: tuple[str, ...], outputs: Mapping, row: int, n: int, top_n: int,
               log_probs: list[float]) -> TokenLogprobs:
     """Row ``row``'s first ``n`` (ranks, top log-probs, top ids) of the round's outputs ``names``, padding cut."""
@@ -123,14 +162,14 @@ def decode_results(inps: list[StepInputs], outputs: Mapping[str, np.ndarray | No
     rows = len(inps)
     ids_out = np.asarray(get("output_ids")).reshape(rows, -1)
     lps_out = np.asarray(get("output_log_probs")).reshape(rows, -1)
-    drafted, parents, hidden = get("draft_token_ids"), get("draft_parents"), get("hidden_states")
+    meta = RoundDrafts.decode(rows, get("draft_token_ids"), get("draft_parents"))
+    hidden = get("hidden_states")
     cached, forward = (get(name) for name in TARGET_FACTS)
     out = []
     for row, inp in enumerate(inps):
         ids = strip_padding(ids_out[row])
         n = len(ids)
-        drafts = [] if drafted is None else strip_padding(np.asarray(drafted).reshape(rows, -1)[row])
-        tree = None if parents is None else row_parents(np.asarray(parents).reshape(rows, -1)[row], len(drafts))
+        drafts, tree = meta.row(row)
         h = None if hidden is None or np.ndim(hidden) != 3 else np.array(hidden[row], np.float32)
         lps = lps_out[row, :n].tolist()
         spec = inp.processors
@@ -149,5 +188,4 @@ def decode_results(inps: list[StepInputs], outputs: Mapping[str, np.ndarray | No
     return out
 
 
-__all__ = ["LOGPROB_OUTPUTS", "PROMPT_LOGPROB_OUTPUTS", "TARGET_FACTS", "decode_results", "encode_round",
-           "row_parents"]
+__all__ = ["LOGPROB_OUTPUTS", "TARGET_FACTS", "RoundDrafts", "decode_results", "encode_round", "row_parents"]

@@ -22,7 +22,7 @@ from ..generation import Generation
 from ..protocol import StepInputs, StepResult
 from ..verifier import argmax_suffices, argmax_walk
 from .adapter import strip_padding
-from .round_codec import LOGPROB_OUTPUTS, TARGET_FACTS, decode_results, encode_round, row_parents
+from .round_codec import LOGPROB_OUTPUTS, TARGET_FACTS, RoundDrafts, decode_results, encode_round
 from .step_inputs import needs_hidden_states
 from .wire import GREEDY_STEP, MODELS, PROMPT_LOGPROB_OUTPUTS, SCORE_STEP, SPEC_STEP, STEP_PARTS
 
@@ -160,11 +160,11 @@ class TritonStep:
         ids = np.full((rows, max(1, width)), -1, np.int64)
         lps = np.zeros(ids.shape, np.float32)
         best, best_probs = best.reshape(rows, -1), best_probs.reshape(rows, -1)
+        meta = RoundDrafts.decode(rows, drafted, parents)
         for row in range(rows):
             row_best = strip_padding(best[row])
             if row_best:
-                drafts = [] if drafted is None else strip_padding(drafted.reshape(rows, -1)[row])
-                tree = None if parents is None else row_parents(parents.reshape(rows, -1)[row], len(drafts))
+                drafts, tree = meta.row(row)
                 out, out_lps = argmax_walk(row_best, torch.from_numpy(best_probs[row]), drafts, tree)
                 ids[row, : len(out)], lps[row, : len(out)] = out, out_lps
         return ids, lps

@@ -74,3 +74,15 @@ def test_the_depth_counters_count_what_a_tree_reached():
     drafted = [m.get("spec_decode_drafted_depth_total", method="suffix", depth=str(d)) for d in (1, 2, 3, 4)]
     accepted = [m.get("spec_decode_accepted_depth_total", method="suffix", depth=str(d)) for d in (1, 2, 3, 4)]
     assert drafted == [2, 2, 1, 0] and accepted == [2, 2, 0, 0]
+
+
+def test_a_rounds_drafts_decode_flat_with_every_parent_spelled_out():
+    from spec_decode.serving.round_codec import RoundDrafts
+
+    out = _outputs()
+    meta = RoundDrafts.decode(3, out["draft_token_ids"], out["draft_parents"])
+    assert meta.num_draft_tokens.tolist() == [4, 2, 0]
+    assert meta.draft_token_ids.tolist() == TREE + CHAIN
+    assert meta.parents.tolist() == TREE_PARENTS + [-1, 0]
+    assert meta.row(0) == (TREE, TREE_PARENTS) and meta.row(1) == (CHAIN, None) and meta.row(2) == ([], None)
+    assert RoundDrafts.decode(2, None, None).row(1) == ([], None)
