@@ -30,6 +30,7 @@ import torch
 
 from .. import tree
 from ..processors import ProcessorSpec, TokenLogprobs, logprob_arrays, step_logprobs
+from ..settings import InvalidInputError
 from ..verifier import Verifier, VerifierRow, VerifierSettings, argmax_walk
 from .adapter import strip_padding
 from .batching import BatchedBackend, Work
@@ -132,7 +133,12 @@ class VerifierBackend(BatchedBackend):
             start = time.perf_counter()
             drafts = strip_padding(inputs.get("draft_token_ids", np.zeros(0, np.int64)))
             parents = draft_parents(inputs, drafts)
-            ids, lps = argmax_walk(best, torch.as_tensor(inputs["target_argmax_probs"]), drafts, parents)
+            given = inputs.get("target_argmax_probs")
+            best_probs = torch.zeros(0) if given is None else torch.as_tensor(given)
+            if best_probs.reshape(-1).shape[0] < len(best):
+                raise InvalidInputError("target_argmax_probs", f"expected one probability per target_argmax id "
+                                                               f"({len(best)}), got {best_probs.reshape(-1).shape[0]}")
+            ids, lps = argmax_walk(best, best_probs.reshape(-1), drafts, parents)
             out = _outputs((ids, lps, None))
             self.metrics.add("spec_decode_verify_seconds_total", time.perf_counter() - start)
             return out

@@ -166,3 +166,16 @@ def test_a_tree_row_is_walked_down_its_tree_and_its_log_probs_come_from_the_acce
     assert got[1]["output_ids"].tolist() == ver.run(chain)["output_ids"].tolist()
     for err, what in zip(got[2:], ("node 1's parent must lie in", "one parent per draft", "node 4's parent")):
         assert isinstance(err, ValueError) and "draft_parents" in str(err) and what in str(err)
+
+
+def test_an_argmax_row_with_fewer_probabilities_than_ids_fails_alone_naming_them():
+    """A direct caller's greedy row whose target_argmax_probs is shorter than target_argmax is refused, naming it."""
+    from spec_decode.serving.verifier_model import VerifierBackend
+
+    backend = VerifierBackend({})
+    bad = {"target_probs": np.zeros((0, 0), np.float32), "draft_token_ids": np.array([5, 6, 7, 8]),
+           "target_argmax": np.array([5, 6, 9, 9, 9]), "target_argmax_probs": np.array([0.9], np.float32)}
+    good = dict(bad, target_argmax_probs=np.full(5, 0.9, np.float32))
+    out = backend.run_batch([bad, good])
+    assert isinstance(out[0], ValueError) and "target_argmax_probs" in str(out[0])
+    assert out[1]["output_ids"].tolist() == [5, 6, 9]
