@@ -156,9 +156,7 @@ class Generation:
         room = self.max_model_len - len(self.token_ids)
         k = 0 if req.speculative_method == NO_SPECULATION else max(0, min(self.k, room - 1))
         spec = self.processors
-        # a guide's matcher walks one path, and a first step's prompt log-probs are scored with a chain
-        tree = req.draft_tree and not (spec is not None and (spec.guide_type or
-                                                             spec.prompt_logprobs_at(len(self.token_ids))))
+        tree = req.draft_tree and not (spec is not None and spec.chains_only(len(self.token_ids)))
         return StepInputs(self.seq_id, list(self.token_ids), k, req.speculative_method, self.params, self.stats.steps,
                           req.acceptance_method, self.hidden_states, self.processors, self.cached_len,
                           auto=req.speculative_method == AUTO, draft_tree=bool(tree))

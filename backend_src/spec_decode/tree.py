@@ -103,26 +103,30 @@ def children(parents: Sequence[int]) -> list[list[int]]:
     return out
 
 
+def matched_path(tokens: Sequence[int], parents: Sequence[int] | None, ids: Sequence[int]) -> list[int]:
+    """The nodes of the longest path from the root whose tokens are a prefix of ``ids`` (siblings differ, so it is
+    unique)."""
+    kids = children(chain_parents(len(tokens)) if parents is None else parents)
+    path: list[int] = []
+    for tok in ids:
+        nxt = next((i for i in kids[path[-1] + 1 if path else 0] if int(tokens[i]) == int(tok)), None)
+        if nxt is None:
+            break
+        path.append(nxt)
+    return path
+
+
 def accepted_nodes(tokens: Sequence[int], parents: Sequence[int] | None, output_ids: Sequence[int]) -> list[int]:
     """The nodes a step accepted, from its emitted ids: the path whose tokens are ``output_ids[:-1]`` (the last id is
-    the recovered or bonus token). Siblings differ, so the path is unique.
+    the recovered or bonus token; :func:`matched_path`).
 
     Raises:
         ValueError: ``output_ids[:-1]`` is not a path of the tree (the verifier's output does not fit its drafts).
     """
-    if parents is None:
-        n = max(len(output_ids) - 1, 0)
-        if list(output_ids[:n]) != [int(t) for t in tokens[:n]]:
-            raise ValueError(f"emitted ids {list(output_ids)} do not follow the chain {list(tokens)}")
-        return list(range(n))
-    kids = children(parents)
-    path: list[int] = []
-    for tok in output_ids[:-1]:
-        here = kids[path[-1] + 1 if path else 0]
-        nxt = next((i for i in here if int(tokens[i]) == int(tok)), None)
-        if nxt is None:
-            raise ValueError(f"emitted ids {list(output_ids)} are not a path of the draft tree")
-        path.append(nxt)
+    accepted = list(output_ids[:-1])
+    path = matched_path(tokens, parents, accepted)
+    if len(path) != len(accepted):
+        raise ValueError(f"emitted ids {list(output_ids)} are not a path of the draft tree {list(tokens)}")
     return path
 
 
@@ -156,5 +160,5 @@ def merge_paths(paths: Sequence[Sequence[int]], max_nodes: int) -> tuple[list[in
     return tokens, parents
 
 
-__all__ = ["ROOT", "accepted_nodes", "chain_parents", "check_tree", "children", "depths", "is_chain", "merge_paths",
-           "path_of", "path_tokens", "rows_of"]
+__all__ = ["ROOT", "accepted_nodes", "chain_parents", "check_tree", "children", "depths", "is_chain", "matched_path",
+           "merge_paths", "path_of", "path_tokens", "rows_of"]

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..tree import chain_parents, path_of
+from ..tree import depths as tree_depths
 from .aux_states import AuxHiddenStates
 from .invariant_attention import TreePaths
 from .kv_pool import KVPool, PagedCache, cache_keyword, read_slots
@@ -89,14 +91,11 @@ class RoundRow:
     parents: list[int] | None = None
 
     def depths(self) -> np.ndarray:
-        """[n] int64 each new token's depth below the first (a chain: 0 .. n - 1)."""
-        n = len(self.new_ids)
+        """[n] int64 each new token's depth below the first (a chain: 0 .. n - 1; :func:`spec_decode.tree.depths`,
+        whose root-level depth is 1)."""
         if self.parents is None:
-            return np.arange(n, dtype=np.int64)
-        out = np.zeros(n, dtype=np.int64)
-        for q, p in enumerate(self.parents):
-            out[q] = 0 if p < 0 else out[p] + 1
-        return out
+            return np.arange(len(self.new_ids), dtype=np.int64)
+        return np.asarray(tree_depths(self.parents), dtype=np.int64) - 1
 
 
 def split_by_padding(rows: dict[int, RoundRow], max_padded_positions: int) -> list[list[int]]:
@@ -160,7 +159,7 @@ def pack_round(rows: list[RoundRow], shape: RoundShape, page_size: int) -> np.nd
         views["write_slots"][r * q : r * q + n] = pages[slot // page_size] * page_size + slot % page_size
         if shape.tree:
             views["parents"][r, :] = -1
-            views["parents"][r, :n] = row.parents if row.parents is not None else np.arange(-1, n - 1)
+            views["parents"][r, :n] = row.parents if row.parents is not None else chain_parents(n)
         views["block_table"][r, : len(pages)] = pages
         views["seq_lens"][r] = c + n
         views["out_index"][r, : row.n_logits] = np.arange(n - row.n_logits, n)
@@ -188,14 +187,10 @@ def tree_paths(rows: list[RoundRow], shape: RoundShape, device: torch.device) ->
     first: dict[tuple[int, int], tuple[int, int]] = {}  # (row, column) -> (path, depth) of its first path
     for r, row in enumerate(rows):
         n = len(row.new_ids)
-        parents = row.parents if row.parents is not None else list(range(-1, n - 1))
+        parents = row.parents if row.parents is not None else chain_parents(n)
         has_child = set(parents)
         for leaf in (c for c in range(n) if c not in has_child):
-            path, c = [], leaf
-            while c >= 0:
-                path.append(c)
-                c = parents[c]
-            path.reverse()
+            path = path_of(parents, leaf)
             for i, col in enumerate(path):
                 first.setdefault((r, col), (len(cols), i))
             row_of.append(r)

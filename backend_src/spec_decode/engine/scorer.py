@@ -16,7 +16,7 @@ import torch
 
 from ..processors import LOGPROBS_MODES, ProcessorSpec, TokenLogprobs, process_logits, token_logprobs
 from ..sampling import SamplingParams, logits_to_probs
-from ..tree import check_tree, is_chain
+from ..tree import is_chain
 from .kv_cache import CachedCausalLM
 
 if TYPE_CHECKING:
@@ -99,13 +99,14 @@ class TargetScorer:
         Raises:
             ValueError: as :meth:`~.kv_cache.CachedCausalLM.logits_batch`; a guide on a scorer without grammar
                 matchers, or from the grammar (:func:`~spec_decode.processors.process_logits`); parents that are not a
-                tree of the drafts (:func:`~spec_decode.tree.check_tree`, naming ``draft_parents``).
+                tree of the drafts (checked by ``logits_batch``: :func:`~spec_decode.tree.check_tree`, naming
+                ``draft_parents``).
         """
         calls, specs = [], []
         for seq_id, ids, d, _, *rest in items:
             spec: ProcessorSpec | None = rest[0] if rest else None
             parents = rest[1] if len(rest) > 1 else None
-            tree = None if is_chain(parents) else check_tree(d, parents)
+            tree = None if parents is None or is_chain(parents) else [int(p) for p in parents]
             n = len(d) + 1
             if tree is None and spec is not None and spec.prompt_logprobs_at(len(ids)):
                 n = len(ids) + len(d)  # the first step: every prompt position too

@@ -12,7 +12,7 @@ reference code keep the accepted path the same way (a gather of the accepted slo
 
 from __future__ import annotations
 
-from ..tree import ROOT, children
+from ..tree import chain_parents, matched_path
 from .kv_pool import KVPool
 from .pages import PagedSequence
 
@@ -31,7 +31,7 @@ def row_parents(n_new: int, tree_parents: list[int] | None) -> list[int] | None:
     first = n_new - m  # column of the first draft
     if first < 1:
         raise ValueError(f"a draft tree of {m} nodes needs the last committed token among the {n_new} new tokens")
-    return list(range(-1, first - 1)) + [first - 1 if p < 0 else first + p for p in tree_parents]
+    return chain_parents(first) + [first - 1 if p < 0 else first + p for p in tree_parents]
 
 
 def keep_accepted_path(seq: PagedSequence, ids: list[int], pool: KVPool, page_size: int) -> None:
@@ -44,15 +44,7 @@ def keep_accepted_path(seq: PagedSequence, ids: list[int], pool: KVPool, page_si
     seq.tree = None
     if len(seq.ids) != start or len(ids) <= start or ids[:start] != seq.ids:
         return
-    kids = children(parents)
-    path: list[int] = []
-    at = ROOT
-    for tok in ids[start:]:
-        nxt = next((i for i in kids[at + 1] if tokens[i] == tok), None)
-        if nxt is None:
-            break
-        path.append(nxt)
-        at = nxt
+    path = matched_path(tokens, parents, ids[start:])
 
     def slot(position: int) -> int:
         return seq.pages[position // page_size] * page_size + position % page_size

@@ -121,6 +121,11 @@ class ProcessorSpec:
         sequence's first step (nothing generated yet), when the request asks for them."""
         return self.prompt_logprobs >= 0 and n_token_ids == self.prompt_len
 
+    def chains_only(self, n_token_ids: int) -> bool:
+        """Whether such a step must draft a chain, not a tree (:mod:`spec_decode.tree`): a guide's matcher walks one
+        path, and a first step's prompt log-probs are scored with a chain."""
+        return bool(self.guide_type) or self.prompt_logprobs_at(n_token_ids)
+
     @cached_property
     def wire_text(self) -> str:
         """The spec as the JSON text of the ``logits_processors`` step tensor (made once: every step sends it)."""

@@ -194,7 +194,7 @@ class TargetBackend(BatchedBackend):
         if spec is not None and spec.guide_type and self.scorer.grammar is None:
             self.scorer.grammar = grammar_cache(self.model_path, self.lm.vocab_size, self.settings.max_sequences)
         parents = draft_parents(inputs, drafts)
-        if parents is not None and spec is not None and (spec.guide_type or spec.prompt_logprobs_at(len(ids))):
+        if parents is not None and spec is not None and spec.chains_only(len(ids)):
             raise InvalidInputError("draft_parents", "a guided row, and a first step that asks for the prompt's "
                                                      "log-probs, must draft a chain")
         end = self.scorer.chunk_end(seq_id, ids, len(drafts), spec, scheduled_tokens(inputs))
