@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from types import MethodType
 from typing import Generic, TypeVar
+from weakref import WeakMethod
 
 V = TypeVar("V")
 
@@ -21,7 +23,9 @@ class SequenceLRU(Generic[V]):
 
     Args:
         capacity: most values kept (>= 1).
-        on_evict: called with (seq_id, value) for each value evicted by the bound (not for :meth:`pop`).
+        on_evict: called with (seq_id, value) for each value evicted by the bound (not for :meth:`pop`); a bound
+            method is held by a weak reference (the owner of the LRU may pass its own method and still be freed by
+            ``del`` alone: no reference cycle), other callables strongly.
 
     Raises:
         ValueError: ``capacity`` < 1.
@@ -31,7 +35,13 @@ class SequenceLRU(Generic[V]):
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
-        self._on_evict = on_evict
+        # a bound method is held weakly: an owner whose own method this is would otherwise be a reference cycle,
+        # freed only by the garbage collector (on CUDA, its pool and graphs would outlive ``del``)
+        self._on_evict: Callable[[], Callable[[int, V], None] | None] | None = None
+        if isinstance(on_evict, MethodType):
+            self._on_evict = WeakMethod(on_evict)
+        elif on_evict is not None:
+            self._on_evict = lambda: on_evict
         self._items: OrderedDict[int, V] = OrderedDict()
 
     def __len__(self) -> int:
@@ -73,8 +83,9 @@ class SequenceLRU(Generic[V]):
         self._items.move_to_end(seq_id)
         while len(self._items) > self.capacity:
             old_id, old = self._items.popitem(last=False)
-            if self._on_evict is not None:
-                self._on_evict(old_id, old)
+            callback = self._on_evict() if self._on_evict is not None else None
+            if callback is not None:
+                callback(old_id, old)
         return value
 
     def pop(self, seq_id: int) -> V | None:

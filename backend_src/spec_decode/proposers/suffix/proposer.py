@@ -87,12 +87,16 @@ class SuffixProposer(Proposer):
         self.cache = make_cache(s.backend, s.max_tree_depth, s.max_cached_requests, s.max_cached_tokens)
         self.backend = self.cache.engine.name
         # seq_id -> the ids the cache has seen; an evicted sequence's tree is stopped (its response joins the global)
-        self._ids: SequenceLRU[list[int]] = SequenceLRU(max_active, lambda sid, _: self.cache.stop_request(sid))
+        self._ids: SequenceLRU[list[int]] = SequenceLRU(max_active, self._evicted)  # held weakly: no cycle
         if self.backend == "python" and s.max_cached_requests > 256:
             logger.warning("suffix decoding uses the pure-Python trie (Arctic's C++ tree is not built: run "
                            "scripts/build_suffix_tree.sh); suffix_max_cached_requests=%d with suffix_max_cached_tokens="
                            "%d may need many GB of memory", s.max_cached_requests, s.max_cached_tokens)
 
+
+    def _evicted(self, seq_id: int, _ids: list[int]) -> None:
+        """An evicted sequence's tree is stopped (its response joins the global tree)."""
+        self.cache.stop_request(seq_id)
     def _sync(self, seq_id: int, token_ids: list[int]) -> None:
         known = self._ids.peek(seq_id)
         if known is not None and token_ids[: len(known)] == known:
