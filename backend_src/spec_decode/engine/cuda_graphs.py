@@ -76,20 +76,29 @@ class CapturedForward:
     @torch.inference_mode()
     def capture(self) -> None:
         """Capture every shape (largest first, one memory pool); records :attr:`capture_seconds` and
-        :attr:`capture_bytes` (the device memory reserved meanwhile) and logs them."""
+        :attr:`capture_bytes` (the device memory reserved meanwhile) and logs them.
+
+        Raises:
+            RuntimeError: a shape's warm-up or capture failed: names the shape, how many were captured, and the
+                exception (chained).
+        """
         t0, before = time.perf_counter(), torch.cuda.memory_reserved(self.device)
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream(self.device)
         for shape in self.shapes:
-            inputs = unpack_round(self._static[: shape.numel()], shape)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                for _ in range(2):  # warm-up: kernels chosen, workspaces allocated, outside the graph
-                    self.forward.run(inputs)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                out = self.forward.run(inputs)
+            try:
+                inputs = unpack_round(self._static[: shape.numel()], shape)
+                side.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(side):
+                    for _ in range(2):  # warm-up: kernels chosen, workspaces allocated, outside the graph
+                        self.forward.run(inputs)
+                torch.cuda.current_stream(self.device).wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    out = self.forward.run(inputs)
+            except Exception as exc:
+                raise RuntimeError(f"CUDA graph capture of {shape} failed ({len(self._graphs)} of "
+                                   f"{len(self.shapes)} shapes captured): {type(exc).__name__}: {exc}") from exc
             self._graphs[shape] = (graph, out)
         torch.cuda.synchronize(self.device)
         self.capture_seconds = time.perf_counter() - t0
@@ -121,11 +130,16 @@ class CapturedForward:
 
 
 def capture_rounds(forward: PagedForward, device: torch.device, max_sequences: int, max_positions: int,
-                   page_size: int) -> CapturedForward | None:
+                   page_size: int, strict: bool = False) -> CapturedForward | None:
     """The graphs a model captures at load: batches 1, 2, 4, ... up to ``max_sequences``'s bucket, query lengths
     :data:`GRAPH_QUERIES`, contexts :data:`GRAPH_CONTEXTS` up to ``max_positions`` (0: no bound), largest first, and
     tree rounds of :data:`GRAPH_TREE_QUERIES` positions at batches up to :data:`GRAPH_TREE_BATCH`; None
-    when capture fails (logged: every round then runs eagerly, as with ``cuda_graphs: off``)."""
+    when capture fails (logged: every round then runs eagerly, as with ``cuda_graphs: off``).
+
+    Raises:
+        RuntimeError: ``strict`` (``cuda_graphs: on``) and a shape's capture failed (the message names the shape and
+            the exception).
+    """
     limit = max_positions or max(GRAPH_CONTEXTS)
     contexts = [c for c in GRAPH_CONTEXTS if c <= max(limit, GRAPH_CONTEXTS[0])]
     batches = [b for b in BATCH_BUCKETS if b <= bucket(max_sequences, BATCH_BUCKETS)]
@@ -137,6 +151,8 @@ def capture_rounds(forward: PagedForward, device: torch.device, max_sequences: i
     try:
         graphs.capture()
     except Exception:  # noqa: BLE001 - a model whose forward cannot be captured still serves, eagerly
+        if strict:
+            raise
         logger.exception("CUDA graphs: capture failed; every round runs eagerly (cuda_graphs: off hides this)")
         return None
     return graphs

@@ -92,7 +92,8 @@ class CachedCausalLM:
         block_size: positions per page (>= 1; vLLM's default 16).
         aux_layers: decoder layers whose inputs the hidden states carry after the last one (EAGLE-3's;
             :class:`~.aux_states.AuxHiddenStates`).
-        cuda_graphs: ``auto`` (capture on CUDA) or ``off``.
+        cuda_graphs: ``auto`` (capture on CUDA; a failed capture is logged and every round runs eagerly), ``on``
+            (the same, but a failed capture raises) or ``off``.
         gpu_memory_utilization: on CUDA, the fraction of the device's memory the process may fill with the pool.
         pad_shapes: pad every round to the bucketed batch and query sizes (always so for a captured round; by default
             eager rounds run at their exact sizes, which a CPU computes faster).
@@ -118,8 +119,8 @@ class CachedCausalLM:
             raise ValueError(f"max_tokens must be >= 0 (0 = from the device's memory), got {max_tokens}")
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
-        if cuda_graphs not in ("auto", "off"):
-            raise ValueError(f"cuda_graphs must be 'auto' or 'off', got {cuda_graphs!r}")
+        if cuda_graphs not in ("auto", "on", "off"):
+            raise ValueError(f"cuda_graphs must be 'auto', 'on' or 'off', got {cuda_graphs!r}")
         types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
         if types != {"full_attention"}:
             raise NotImplementedError(f"CachedCausalLM supports full-attention models only; this one has layer types "
@@ -151,11 +152,11 @@ class CachedCausalLM:
         self._seqs: SequenceLRU[PagedSequence] = SequenceLRU(max_sequences, on_evict=self._evicted)
         self._lock = threading.Lock()
         self.graphs: CapturedForward | None = None
-        if self.device.type == "cuda" and cuda_graphs == "auto":
+        if self.device.type == "cuda" and cuda_graphs != "off":
             from .cuda_graphs import capture_rounds
 
             self.graphs = capture_rounds(self._forward_fn, self.device, max_sequences, self.max_positions,
-                                         block_size)
+                                         block_size, strict=cuda_graphs == "on")
 
     # -- accounting ----------------------------------------------------------------------------------------------
 
