@@ -22,12 +22,14 @@ def scrape(url: str, prefix: str = "spec_decode_", timeout_s: float = 10.0) -> d
         (name, ((label, value), ...) sorted) -> value; look one up with :func:`value`.
 
     Raises:
-        requests.RequestException: the endpoint did not answer.
+        OSError: the endpoint did not answer (``urllib.error.URLError`` and timeouts are OSErrors).
     """
-    import requests
+    import urllib.request
+
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = requests.get(f"http://{url}/metrics", timeout=timeout_s).text
+    with urllib.request.urlopen(f"http://{url}/metrics", timeout=timeout_s) as resp:  # stdlib: the GPU machine has
+        text = resp.read().decode()  # no requests
     out = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:

@@ -53,23 +53,32 @@ def embedded_server_dir() -> Path:
 def server_command() -> tuple[list[str], dict[str, str]]:
     """The tritonserver command prefix and its environment.
 
-    PATH's ``tritonserver`` if there is one (unless ``SPEC_DECODE_EMBEDDED_SERVER=1``), else the embedded one
-    (:func:`embedded_server_dir`).
+    In order: the server folder named by ``SPEC_DECODE_TRITONSERVER_DIR`` (laid out as :func:`embedded_server_dir`
+    lays one out, with its libraries in ``lib``: the travelling bundle of ``bench/gpu_day/bundle.py``), PATH's
+    ``tritonserver`` (unless ``SPEC_DECODE_EMBEDDED_SERVER=1``), else the embedded one (:func:`embedded_server_dir`).
 
     Returns:
         (the command without tritonserver's model and endpoint options, the environment to run it in).
 
     Raises:
-        FileNotFoundError: no tritonserver on PATH and nvidia-pytriton is not installed.
+        FileNotFoundError: ``SPEC_DECODE_TRITONSERVER_DIR`` has no ``bin/tritonserver``; or no tritonserver on PATH
+            and nvidia-pytriton is not installed.
     """
     env = dict(os.environ)
     venv_bin = str(Path(sys.executable).parent)
     env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
-    on_path = shutil.which("tritonserver", path=os.environ.get("PATH", ""))
-    if on_path and os.environ.get("SPEC_DECODE_EMBEDDED_SERVER") != "1":
-        return [on_path], env
-    d = embedded_server_dir()
-    libs = [str(_pytriton_root().parent / "nvidia_pytriton.libs")]
+    folder = os.environ.get("SPEC_DECODE_TRITONSERVER_DIR", "")
+    if folder:
+        d = Path(folder)
+        if not (d / "bin" / "tritonserver").is_file():
+            raise FileNotFoundError(f"SPEC_DECODE_TRITONSERVER_DIR={folder}: no bin/tritonserver there")
+        libs = [str(d / "lib")]
+    else:
+        on_path = shutil.which("tritonserver", path=os.environ.get("PATH", ""))
+        if on_path and os.environ.get("SPEC_DECODE_EMBEDDED_SERVER") != "1":
+            return [on_path], env
+        d = embedded_server_dir()
+        libs = [str(_pytriton_root().parent / "nvidia_pytriton.libs")]
     # The stub links libpython3.X.so.1.0: make it load the same libpython as this interpreter (whose stdlib the venv
     # uses), not whichever the system has, or extension modules fail with undefined symbols.
     libdir = sysconfig.get_config_var("LIBDIR")

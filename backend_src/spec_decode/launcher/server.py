@@ -14,6 +14,7 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO
@@ -29,6 +30,15 @@ from .repository import DEFAULT_REPOSITORY, MODELS
 # random key made at each start and known only to the launcher (it is on tritonserver's command line, so readable by
 # local processes that may read /proc of that user).
 REPOSITORY_KEY_HEADER = "spec-decode-repository-key"
+
+
+def _http_ok(url: str) -> bool:
+    """Whether a GET of ``url`` answers 200 within 2 s (not up yet, refused or another status: False)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2.0) as resp:
+            return resp.status == 200
+    except (OSError, ValueError):  # URLError, HTTPError, connection refused or reset, timeouts
+        return False
 
 
 class TritonServer:
@@ -144,27 +154,21 @@ class TritonServer:
             RuntimeError: the server was not started, exited (its log tail is included) or did not get ready within
                 ``timeout``.
         """
-        import tritonclient.http as httpclient
-
         proc = self._started()
-        client = httpclient.InferenceServerClient(self.http_url)
-        try:
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"tritonserver exited with code {proc.returncode}\n{self.log_tail()}")
-                if check is not None:
-                    check()
-                try:
-                    if client.is_server_live() and all(client.is_model_ready(m) for m in models):
-                        break
-                except Exception:  # noqa: BLE001 - not up yet
-                    pass
-                time.sleep(0.5)
-            else:
-                raise RuntimeError(f"tritonserver not ready after {timeout:.0f} s\n{self.log_tail()}")
-        finally:
-            client.close()  # an open keep-alive connection would hold up the server's shutdown
+        deadline = time.monotonic() + timeout
+        # HTTP readiness probes with the standard library (no client to install: the GPU machine runs this too);
+        # urllib closes each connection, so none holds up the server's shutdown
+        paths = ["/v2/health/live", *(f"/v2/models/{m}/ready" for m in models)]
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with code {proc.returncode}\n{self.log_tail()}")
+            if check is not None:
+                check()
+            if all(_http_ok(f"http://{self.http_url}{p}") for p in paths):
+                break
+            time.sleep(0.5)
+        else:
+            raise RuntimeError(f"tritonserver not ready after {timeout:.0f} s\n{self.log_tail()}")
         if self.heal and self.healer is None:
             self.healer = Healer(self).start()
 
