@@ -24,6 +24,14 @@
 #               the verifier's kernels against the torch path, their bandwidth, and speculative decoding on CUDA with a
 #               random ~1.2B Llama (python -m bench.gpu_check, docs/gpus.md; results/gpu_check.json). Without CUDA:
 #               its CPU mode, tiny sizes. PYTHONPATH=backend_src:. stands in for an install of the package
+# make gpu-bundle - here (needs make setup): build/gpu_day, what travels to a GPU machine beside the repository: a
+#               tritonserver with the Python backend from the nvidia-pytriton wheel (xz, ~27 MB), the tokenizer and
+#               pure-Python packages the GPU machine lacks (python -m bench.gpu_day.bundle)
+# make gpu-day - on a bare GPU machine (build/gpu_day carried), within 9 minutes: the forward's goals in float32 and
+#               bfloat16, the served path through that tritonserver with the step models on the GPU, the verifier's
+#               kernels, then the rest of gpu-check; each part in its own process, results/gpu_day.json after each,
+#               exit 1 naming each part that failed or was skipped (python -m bench.gpu_day, docs/gpus.md). Without
+#               CUDA: the same at tiny sizes on a CPU tritonserver
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
@@ -33,7 +41,8 @@ METRICS_PORT ?= 8002
 OPENAI_PORT ?= 9000
 export HTTP_PORT GRPC_PORT METRICS_PORT OPENAI_PORT
 
-.PHONY: setup serve draft speculator lint test test-unit bench bench-serving bench-verifier gpu-check client clean
+.PHONY: setup serve draft speculator lint test test-unit bench bench-serving bench-verifier gpu-check gpu-bundle gpu-day \
+	client clean
 
 $(STAMP): requirements.txt requirements-serve.txt requirements-nodeps.txt requirements-deploy.txt pyproject.toml scripts/setup.sh scripts/build_suffix_tree.sh
 	bash scripts/setup.sh
@@ -97,6 +106,12 @@ bench-verifier: $(STAMP)
 GPU_CHECK_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 gpu-check:
 	PYTHONPATH=backend_src:. $(GPU_CHECK_PY) -m bench.gpu_check --output results/gpu_check.json
+
+gpu-bundle: $(STAMP)
+	PYTHONPATH=backend_src:. $(PY) -m bench.gpu_day.bundle --output build/gpu_day
+
+gpu-day:
+	PYTHONPATH=backend_src:.:build/gpu_day/site $(GPU_CHECK_PY) -m bench.gpu_day --output results/gpu_day.json
 
 client: $(STAMP)
 	$(PY) -m client.generate --url 127.0.0.1:$(GRPC_PORT) --humaneval 1 --max-tokens 128

@@ -34,6 +34,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="run only these parts (a rerun of one part; the check then reports itself incomplete)")
     ap.add_argument("--dtypes", nargs="+", choices=DECODING_DTYPES, default=list(DECODING_DTYPES),
                     help="the decoding part's model dtypes")
+    ap.add_argument("--methods", nargs="+", default=None,
+                    help="the decoding part's methods (default: every one; none always runs; self: the target "
+                         "drafting for itself)")
     return ap.parse_args(argv)
 
 
@@ -70,12 +73,18 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = parse_args(argv)
     device = select_device(args.device)
+    if args.methods:
+        from .decoding import DECODING_METHODS as known
+
+        unknown = sorted(set(args.methods) - set(known))
+        if unknown:
+            raise SystemExit(f"gpu_check: --methods {unknown}: not among {', '.join(known)}")
     import torch
 
     # Only now: these modules import triton's kernels, which read TRITON_INTERPRET when defined.
     from .bandwidth import bandwidth
     from .context import Context
-    from .decoding import decoding
+    from .decoding import DECODING_METHODS, decoding
     from .kernels import batch_invariance, big_batch, distribution, kernels_vs_torch
     from .report import table, toolchain, versions
 
@@ -85,8 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     deadline = start + args.budget_s
     result: dict = {"mode": ctx.device.type, "versions": versions(ctx), "toolchain": toolchain(), "parts": {}}
     print(f"gpu_check: {result['versions']} {result['toolchain']}", flush=True)
+    methods = args.methods or DECODING_METHODS
     runs = {"kernels": kernels_vs_torch, "distribution": distribution, "batch_invariance": batch_invariance,
-            "bandwidth": bandwidth, "decoding": lambda c: decoding(c, deadline, args.dtypes), "big_batch": big_batch}
+            "bandwidth": bandwidth, "decoding": lambda c: decoding(c, deadline, args.dtypes, methods),
+            "big_batch": big_batch}
     # big_batch last: an illegal address there would be a sticky CUDA error for the rest
     parts = [p for p in PARTS if p in args.parts]
     if not result["toolchain"]["ok"]:
@@ -109,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         result["failures"] = ctx.failures
         args.output.write_text(json.dumps(result, indent=2, default=str))  # kept if a later part hangs
     skipped = [r for r in result["parts"].get("decoding", {}).get("runs", []) if "skipped" in r]
-    result["complete"] = len(result["parts"]) == len(PARTS) and not skipped
+    every_method = not args.methods or set(args.methods) >= set(DECODING_METHODS)
+    result["complete"] = len(result["parts"]) == len(PARTS) and not skipped and every_method
     result["passed"] = not ctx.failures and result["complete"]
     result["table"] = table(result)
     args.output.write_text(json.dumps(result, indent=2, default=str))

@@ -56,6 +56,14 @@ DECODING_METHODS: tuple[str, ...] = (*(m for m in METHODS if m != HybridProposer
 # over k+1 positions sum in different orders (~1e-6 relative); bfloat16 rounds each logit to 2^-8 relative.
 TIE_TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2}
 
+KV_POOL_TOKENS = 16384
+"""Each model's KV pool in this check (positions): 8 sequences of at most ~400 tokens, the forward cost's caches and
+the released sequences' cached pages fit with room to spare."""
+
+MEMORY_SLACK_MIB = 64
+"""After a dtype's models are deleted (``del``, no ``gc.collect()``), CUDA memory still allocated beyond what was
+allocated before they loaded fails the check above this many MiB: something holds a model, its pool or its graphs."""
+
 
 def build_models(ctx: Context, folder: Path) -> dict:
     """Save a random-weight Llama target (``ctx.sizes.llama``), its 2-layer early-exit draft (bfloat16 model folders)
@@ -90,10 +98,11 @@ def build_models(ctx: Context, folder: Path) -> dict:
     return {"paths": paths, "target_parameters": params}
 
 
-def load_ensembles(ctx: Context, paths: dict, dtype: str) -> dict:
+def load_ensembles(ctx: Context, paths: dict, dtype: str, with_self: bool = True) -> dict:
     """Method -> the LocalEnsemble that serves it: the served backends on ``ctx.device`` in ``dtype`` (``float32`` or
     ``bfloat16``) with the verifier backend ``ctx.verifier_backend``; one ensemble serves every registered method
-    (the draft LM and every head of :data:`.speculators.SERVED` in one draft_model), another :data:`SELF`.
+    (the draft LM and every head of :data:`.speculators.SERVED` in one draft_model), another :data:`SELF` (unless not
+    ``with_self``: it loads a second copy of the target).
 
     Raises:
         FileNotFoundError: a folder of ``paths`` (see :func:`build_models`) that does not exist.
@@ -108,8 +117,11 @@ def load_ensembles(ctx: Context, paths: dict, dtype: str) -> dict:
 
     hf_logging.disable_progress_bar()
 
-    # 8 running sequences at most (the batches here): CUDA graphs captured for batches 1, 2, 4 and 8
-    common = {"device": ctx.device.type, "dtype": dtype, "max_sequences": "8"}
+    # 8 running sequences at most (the batches here): CUDA graphs captured for batches 1, 2, 4 and 8; a pool of what
+    # the check needs (KV_POOL_TOKENS), not the served default; on CUDA a failed capture fails the load, naming the
+    # shape (cuda_graphs: on), where serving would log it and run eagerly
+    common = {"device": ctx.device.type, "dtype": dtype, "max_sequences": "8",
+              "kv_cache_max_tokens": str(KV_POOL_TOKENS), "cuda_graphs": "on"}
     # the draft LMs and the heads draft every slot (random weights are never confident: 0.3 would draft little)
     # tokenizer_path: the target's folder (no tokenizer in it, no guided rows here), not the embedded model's package
     suffix = {"suffix_backend": "python", "suffix_max_cached_requests": "64", "draft_min_token_prob": "0",
@@ -122,11 +134,12 @@ def load_ensembles(ctx: Context, paths: dict, dtype: str) -> dict:
     target = TargetBackend(target_params, None, draft_params)
     verifier = VerifierBackend({"num_threads": "0", "backend": ctx.verifier_backend})
     draft = DraftBackend(draft_params, None, target_params)
-    self_draft = DraftBackend({**common, **suffix, "draft_model_path": str(paths["target"]),
-                               "speculator_path": "none"})
     main = LocalEnsemble(draft, target, verifier)
     ensembles = {m: main for m in DECODING_METHODS if m != SELF}
-    ensembles[SELF] = LocalEnsemble(self_draft, target, verifier)
+    if with_self:
+        self_draft = DraftBackend({**common, **suffix, "draft_model_path": str(paths["target"]),
+                                   "speculator_path": "none"})
+        ensembles[SELF] = LocalEnsemble(self_draft, target, verifier)
     return ensembles
 
 
@@ -449,17 +462,22 @@ def same_drafts(ctx: Context, paths: dict, dtype: str, sequences: int = 3, state
     return out
 
 
-def decoding(ctx: Context, deadline: float, dtypes: Sequence[str] = ("float32", "bfloat16")) -> dict:
+def decoding(ctx: Context, deadline: float, dtypes: Sequence[str] = ("float32", "bfloat16"),
+             methods: Sequence[str] = DECODING_METHODS) -> dict:
     """Part 3: greedy equality of every method of :data:`DECODING_METHODS` with plain decoding, tokens/s, forward
-    cost, for the model dtypes ``dtypes`` (``float32``, ``bfloat16``). Runs that would start after ``deadline`` (a
-    ``time.perf_counter()`` value) are reported as skipped.
+    cost, for the model dtypes ``dtypes`` (``float32``, ``bfloat16``) and the methods ``methods`` (a subset of
+    :data:`DECODING_METHODS`; ``none`` always runs: it is the reference). Runs that would start after ``deadline`` (a
+    ``time.perf_counter()`` value) are reported as skipped. The forward cost runs first (the forward's goals), then
+    the methods; after a dtype, the CUDA memory its models held must be freed by ``del`` alone
+    (:data:`MEMORY_SLACK_MIB`).
 
     Returns:
         dict: target_parameters, config, k, max_tokens, prompts, verifier_backend, note, speculators (method or other
         layout -> its layout, from :mod:`.speculators`), runs (per dtype, batch and method: sequences, tokens,
         seconds, tokens_per_s, mean_tokens_per_step, acceptance_rate, drafts_per_step, drafts_cap,
         equal_to_plain_greedy, mismatched_sequences, and divergences where any; or skipped), layouts
-        (:func:`same_drafts`, float32), engine (per dtype, target and draft LM: :func:`engine_report`), forward_cost
+        (:func:`same_drafts`, float32), engine (per dtype, target and draft LM: :func:`engine_report`; memory: CUDA
+        MiB allocated before the load, after it and after ``del``), forward_cost
         (per dtype: the target's and the early-exit draft's, :func:`forward_cost`), weight_bytes (per dtype,
         :func:`bench.forward_cost.weight_bytes`) and goals (:func:`goals`).
     """
@@ -480,16 +498,26 @@ def decoding(ctx: Context, deadline: float, dtypes: Sequence[str] = ("float32", 
             if time.perf_counter() > deadline:
                 res["runs"].append({"dtype": dtype, "skipped": "time budget"})
                 continue
-            ens = load_ensembles(ctx, built["paths"], dtype)
+            mem = {"before_MiB": torch.cuda.memory_allocated() / 2**20} if ctx.cuda else {}
+            ens = load_ensembles(ctx, built["paths"], dtype, with_self=SELF in methods)
             model = ens[NO_SPECULATION].target.lm.model
             draft_lm = ens[DraftModelProposer.name].draft.proposers[DraftModelProposer.name].lm
             res["engine"][dtype] = {"target": engine_report(ens[NO_SPECULATION].target.lm),
                                     "draft": engine_report(draft_lm)}
             res["weight_bytes"][dtype] = weight_bytes(model)
             res["engine"][dtype]["sync_free"] = sync_free(ctx, ens[NO_SPECULATION].target.lm)
+            if ctx.cuda:
+                mem["loaded_MiB"] = torch.cuda.memory_allocated() / 2**20
+            res["engine"][dtype]["memory"] = mem
             print(f"  {dtype:<9} engine: {res['engine'][dtype]}", flush=True)
+            res["forward_cost"][dtype] = {"target": forward_cost(ctx, ens[NO_SPECULATION].target.lm),
+                                          "draft": forward_cost(ctx, draft_lm, (1,), (1,))}
+            print(f"  {dtype:<9} forward ms (batch -> new positions -> ms): "
+                  f"{res['forward_cost'][dtype]['target']['ms']}, early-exit draft "
+                  f"{res['forward_cost'][dtype]['draft']['ms']}", flush=True)
             # warm-up: CUDA context, cuBLAS, every kernel specialization a method launches
-            for method in DECODING_METHODS:
+            run_methods = [m for m in DECODING_METHODS if m in methods or m == NO_SPECULATION]
+            for method in run_methods:
                 for batch in (1, 2):
                     decode(ctx, ens[method], method, warm * batch, batch, max_tokens=6)
             hf_ref = reference(model, prompts, s.max_tokens)
@@ -499,7 +527,7 @@ def decoding(ctx: Context, deadline: float, dtypes: Sequence[str] = ("float32", 
             for batch in (1, 8):
                 use = prompts if batch > 1 else prompts[: max(2, len(prompts) // 2)]
                 ref = hf_ref
-                for method in (NO_SPECULATION, *(m for m in DECODING_METHODS if m != NO_SPECULATION)):
+                for method in (NO_SPECULATION, *(m for m in run_methods if m != NO_SPECULATION)):
                     if time.perf_counter() > deadline:
                         res["runs"].append({"dtype": dtype, "batch": batch, "method": method,
                                             "skipped": "time budget"})
@@ -536,20 +564,20 @@ def decoding(ctx: Context, deadline: float, dtypes: Sequence[str] = ("float32", 
                     print(f"  {dtype:<9} B={batch} {method:<15}{run['tokens_per_s']:>9.1f} tok/s  "
                           f"tokens/step {run['mean_tokens_per_step']:.2f}  equal {run['equal_to_plain_greedy']}",
                           flush=True)
-            if dtype == "float32":  # the same weights in two layouts: one dtype tells
+            if dtype == "float32" and set(methods) >= set(DECODING_METHODS):  # the layouts: one dtype tells
                 if time.perf_counter() < deadline:
                     res["layouts"] = same_drafts(ctx, built["paths"], dtype)
                 else:
                     res["runs"].append({"dtype": dtype, "method": "layouts", "skipped": "time budget"})
-            if time.perf_counter() < deadline:
-                res["forward_cost"][dtype] = {"target": forward_cost(ctx, ens[NO_SPECULATION].target.lm),
-                                              "draft": forward_cost(ctx, draft_lm, (1,), (1,))}
-                print(f"  {dtype:<9} forward ms (batch -> new positions -> ms): "
-                      f"{res['forward_cost'][dtype]['target']['ms']}, early-exit draft "
-                      f"{res['forward_cost'][dtype]['draft']['ms']}", flush=True)
             del ens, model, draft_lm
             if ctx.cuda:
+                torch.cuda.synchronize()
                 torch.cuda.empty_cache()
+                mem["after_del_MiB"] = torch.cuda.memory_allocated() / 2**20
+                if mem["after_del_MiB"] > mem["before_MiB"] + MEMORY_SLACK_MIB:
+                    ctx.fail(f"decoding {dtype}: {mem['after_del_MiB'] - mem['before_MiB']:.0f} MiB of CUDA memory "
+                             f"still allocated after its models were deleted (del, no gc.collect()): something "
+                             f"holds a model, its KV pool or its graphs")
         from .bandwidth import copy_bandwidth_gb_s
 
         res["goals"] = goals(res, copy_bandwidth_gb_s(ctx, 1 << 30 if ctx.cuda else 1 << 26))

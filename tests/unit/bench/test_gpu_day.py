@@ -1,0 +1,55 @@
+"""bench.gpu_day (``make gpu-day``): its CPU mode runs the forward and served parts as on a bare GPU machine and
+passes, a part that fails is named, and the served path's checks run through a real tritonserver."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _env() -> dict[str, str]:
+    # as `make gpu-day` runs it on a GPU machine: the tree on PYTHONPATH, and the packages that machine lacks not
+    # importable (gpu_machine/sitecustomize.py, inherited by the server's model processes too)
+    here = Path(__file__).parent / "gpu_machine"
+    path = [str(here), str(ROOT / "backend_src"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+
+
+def test_cpu_mode_forward_and_served_parts_pass(tmp_path):
+    out = tmp_path / "gpu_day.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu_day", "--device", "cpu", "--output", str(out),
+                           "--parts", "forward_float32", "served"],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path, env=_env())
+    res = json.loads(out.read_text())
+    assert {n: p["status"] for n, p in res["parts"].items()} == {"forward_float32": "passed", "served": "passed"}, \
+        proc.stdout[-4000:] + proc.stderr[-4000:]
+    # a subset of the parts is not a whole run: exit 1, said so
+    assert proc.returncode == 1 and not res["passed"] and "incomplete" in proc.stdout.splitlines()[-1]
+    fwd = res["parts"]["forward_float32"]["result"]["parts"]["decoding"]
+    assert {r["method"] for r in fwd["runs"]} == {"none", "suffix", "eagle3", "draft", "self"}
+    assert all(r["equal_to_plain_greedy"] for r in fwd["runs"])
+    assert fwd["engine"]["float32"]["memory"] == {}  # CUDA memory is measured on CUDA only
+    served = res["parts"]["served"]["result"]
+    assert not served["failures"] and served["instances"] == "KIND_CPU, device cpu"
+    runs = {(r["method"], r["concurrency"]): r for r in served["runs"]}
+    assert set(runs) == {(m, c) for m in ("none", "ngram", "suffix", "eagle3") for c in (1, 8)}
+    assert all(r["equal_to_transformers"] for r in runs.values())
+    assert runs[("eagle3", 1)]["drafted"] > 0 and runs[("none", 1)]["drafted"] == 0
+    assert served["server_over_in_process"] > 0 and served["round_beyond_forward_ms"] is not None
+    assert "ms_per_round" in runs[("suffix", 8)] and "ms_per_round" not in runs[("ngram", 1)]
+    for line in ("PASSED    forward_float32", "PASSED    served"):
+        assert line in proc.stdout
+
+
+def test_a_failing_part_is_named(tmp_path):
+    from bench.gpu_day.__main__ import Part, run_part, summary
+
+    res = run_part(Part("broken", "bench.gpu_day.no_such_part", (), 60, budgeted=False), "cpu", tmp_path, 60)
+    assert res["status"] == "failed" and res["exit_code"] == 1
+    assert any("No module named" in line for line in res["failures"])
+    assert summary("broken", res).startswith("FAILED    broken")
