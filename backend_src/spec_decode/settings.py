@@ -196,7 +196,9 @@ class LMSettings(ConfigSettings):
             (vLLM's automatic prefix caching; :mod:`spec_decode.engine.kv_cache`).
         cuda_graphs: ``auto`` (on CUDA, capture the forward of each round shape at load and replay it; a failed
             capture is logged and every round runs eagerly), ``on`` (the same, but a failed capture fails the load,
-            naming the shape and the exception) or ``off``.
+            naming the shape and the exception), ``emulate`` (on any device, each round a graph would replay runs
+            eagerly at the captured shape, padded rows and pages included: the captured path's code on a CPU, for
+            tests) or ``off``.
         gpu_memory_utilization: on CUDA, the fraction of the GPU's memory that this process's weights, KV pool and
             everything in use before it may fill (vLLM's setting), in (0, 1].
     """
@@ -213,10 +215,11 @@ class LMSettings(ConfigSettings):
     MIN_KV_CACHE_TOKENS: ClassVar[int] = 1024  # the smallest kv_cache_max_tokens (and pool sized from memory)
 
     def check(self) -> None:
-        """dtype one of :attr:`DTYPES`, max_sequences >= 1, kv_cache_max_tokens 0 or >= 1024, cuda_graphs auto, on
-        or off, gpu_memory_utilization in (0, 1], device one of auto, cpu, cuda, cuda:N (kept lower-cased)."""
+        """dtype one of :attr:`DTYPES`, max_sequences >= 1, kv_cache_max_tokens 0 or >= 1024, cuda_graphs auto,
+        on, emulate or off, gpu_memory_utilization in (0, 1], device one of auto, cpu, cuda, cuda:N (kept
+        lower-cased)."""
         self._choice("dtype", self.DTYPES)
-        self._choice("cuda_graphs", ("auto", "on", "off"))
+        self._choice("cuda_graphs", ("auto", "on", "emulate", "off"))
         in_range("max_sequences", self.max_sequences, 1)
         if self.kv_cache_max_tokens != 0:
             in_range("kv_cache_max_tokens", self.kv_cache_max_tokens, self.MIN_KV_CACHE_TOKENS, None,

@@ -119,9 +119,12 @@ def load_ensembles(ctx: Context, paths: dict, dtype: str, with_self: bool = True
 
     # 8 running sequences at most (the batches here): CUDA graphs captured for batches 1, 2, 4 and 8; a pool of what
     # the check needs (KV_POOL_TOKENS), not the served default; on CUDA a failed capture fails the load, naming the
-    # shape (cuda_graphs: on), where serving would log it and run eagerly
+    # shape (cuda_graphs: on), where serving would log it and run eagerly; on a CPU the rounds a graph would replay
+    # run eagerly at the captured shapes (cuda_graphs: emulate): the captured branch's code; not in bfloat16 there,
+    # whose batch-invariant forward pads a one-row product to more rows, which a captured shape does not
+    graphs_mode = "on" if ctx.cuda else "emulate" if dtype == "float32" else "off"
     common = {"device": ctx.device.type, "dtype": dtype, "max_sequences": "8",
-              "kv_cache_max_tokens": str(KV_POOL_TOKENS), "cuda_graphs": "on"}
+              "kv_cache_max_tokens": str(KV_POOL_TOKENS), "cuda_graphs": graphs_mode}
     # the draft LMs and the heads draft every slot (random weights are never confident: 0.3 would draft little)
     # tokenizer_path: the target's folder (no tokenizer in it, no guided rows here), not the embedded model's package
     suffix = {"suffix_backend": "python", "suffix_max_cached_requests": "64", "draft_min_token_prob": "0",
@@ -341,11 +344,14 @@ def sync_free(ctx: Context, lm) -> dict | None:
 
 def engine_report(lm) -> dict:
     """What the engine built for ``lm`` at load: the KV pool (tokens, GiB) and the CUDA graphs captured (count,
-    seconds, MiB; none on a CPU or with ``cuda_graphs: off``)."""
+    seconds, MiB, emulated: the shapes run eagerly with ``cuda_graphs: emulate``; None with ``cuda_graphs: off``)."""
+    from spec_decode.engine.cuda_graphs import EagerAtShapes
+
     graphs = lm.graphs
     return {"pool_tokens": lm.max_tokens, "pool_GiB": lm.pool.nbytes / 2**30,
             "graphs": None if graphs is None else {"captured": len(graphs), "seconds": graphs.capture_seconds,
-                                                   "MiB": graphs.capture_bytes / 2**20}}
+                                                   "MiB": graphs.capture_bytes / 2**20,
+                                                   "emulated": isinstance(graphs, EagerAtShapes)}}
 
 
 def goals(res: dict, copy_gb_s: float) -> dict:

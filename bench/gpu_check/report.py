@@ -89,6 +89,8 @@ def table(result: dict) -> str:
             pool = f"KV pool {e['target']['pool_tokens']} tokens ({e['target']['pool_GiB']:.2f} GiB)"
             lines.append(f"  {dtype:<9} {pool}; "
                          + ("CUDA graphs: none (eager)" if g is None else
+                            f"CUDA graphs: {g['captured']} shapes emulated (eager at the captured shapes)"
+                            if g.get("emulated") else
                             f"CUDA graphs: {g['captured']} captured in {g['seconds']:.1f} s, {g['MiB']:.0f} MiB"))
         for dtype, f in d.get("forward_cost", {}).items():
             t = f["target"]["ms"]

@@ -133,9 +133,10 @@ def reference(target: Path, prompt_ids: list[list[int]], max_tokens: int, device
 
 def step_params(paths: dict[str, Path], device: str) -> tuple[dict[str, str], dict[str, str]]:
     """(target_model's, draft_model's) config parameters for this check: float32, 8 sequences, a 16,384-token pool,
-    ``cuda_graphs: on`` (a failed capture fails the load), the EAGLE-3 head drafting every slot, no draft LM."""
+    ``cuda_graphs: on`` on CUDA (a failed capture fails the load; on a CPU ``emulate``: the captured branch's code
+    runs eagerly), the EAGLE-3 head drafting every slot, no draft LM."""
     common = {"device": device, "dtype": "float32", "max_sequences": "8", "kv_cache_max_tokens": "16384",
-              "cuda_graphs": "on"}
+              "cuda_graphs": "on" if device == "cuda" else "emulate"}
     target = {**common, "model_path": str(paths["target"])}
     draft = {**common, "draft_model_path": "none", "speculator_path": str(paths["eagle3"]),
              "target_model_path": str(paths["target"]), "speculator_min_token_prob": "0",

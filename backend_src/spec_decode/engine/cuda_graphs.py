@@ -27,6 +27,8 @@ GRAPH_CONTEXTS = (512, 1024, 2048, 4096, 8192)  # key positions captured (larger
 # draft trees (root + nodes) captured, at batches up to GRAPH_TREE_BATCH; larger trees and batches run eagerly
 GRAPH_TREE_QUERIES = (9, 17)
 GRAPH_TREE_BATCH = 8
+CUDA_GRAPHS = ("auto", "on", "emulate", "off")
+"""The values of the ``cuda_graphs`` setting (:func:`round_graphs`)."""
 
 
 def capture_shapes(batches: Iterable[int], queries: Iterable[int], pages: Iterable[int],
@@ -127,19 +129,10 @@ class CapturedForward:
         return out
 
 
-
-
-def capture_rounds(forward: PagedForward, device: torch.device, max_sequences: int, max_positions: int,
-                   page_size: int, strict: bool = False) -> CapturedForward | None:
-    """The graphs a model captures at load: batches 1, 2, 4, ... up to ``max_sequences``'s bucket, query lengths
-    :data:`GRAPH_QUERIES`, contexts :data:`GRAPH_CONTEXTS` up to ``max_positions`` (0: no bound), largest first, and
-    tree rounds of :data:`GRAPH_TREE_QUERIES` positions at batches up to :data:`GRAPH_TREE_BATCH`; None
-    when capture fails (logged: every round then runs eagerly, as with ``cuda_graphs: off``).
-
-    Raises:
-        RuntimeError: ``strict`` (``cuda_graphs: on``) and a shape's capture failed (the message names the shape and
-            the exception).
-    """
+def planned_shapes(max_sequences: int, max_positions: int, page_size: int) -> list[RoundShape]:
+    """The round shapes a model captures at load, largest first: batches 1, 2, 4, ... up to ``max_sequences``'s
+    bucket, query lengths :data:`GRAPH_QUERIES`, contexts :data:`GRAPH_CONTEXTS` up to ``max_positions`` (0: no
+    bound), and tree rounds of :data:`GRAPH_TREE_QUERIES` positions at batches up to :data:`GRAPH_TREE_BATCH`."""
     limit = max_positions or max(GRAPH_CONTEXTS)
     contexts = [c for c in GRAPH_CONTEXTS if c <= max(limit, GRAPH_CONTEXTS[0])]
     batches = [b for b in BATCH_BUCKETS if b <= bucket(max_sequences, BATCH_BUCKETS)]
@@ -147,7 +140,67 @@ def capture_rounds(forward: PagedForward, device: torch.device, max_sequences: i
     shapes = capture_shapes(batches, GRAPH_QUERIES, pages)
     shapes += capture_shapes([b for b in batches if b <= GRAPH_TREE_BATCH], GRAPH_TREE_QUERIES, pages, tree=True)
     shapes.sort(key=lambda s: (s.batch * s.query * s.pages, s.batch, s.query), reverse=True)  # largest first
-    graphs = CapturedForward(forward, shapes, device)
+    return shapes
+
+
+class EagerAtShapes:
+    """A stand-in for :class:`CapturedForward` on any device (``cuda_graphs: emulate``): the same planned shapes
+    and the same choice of shape per round, each such round run eagerly at that shape, padded rows and pages
+    included, exactly as its graph would run it (no ``span``, no per-path attention). So a CPU runs the code that
+    replays graphs on CUDA: the packing at a captured shape, the padded rows' trash page, the output rows cut back.
+    Nothing is captured (``capture_seconds`` and ``capture_bytes`` stay 0).
+
+    Args:
+        forward: the paged forward.
+        shapes: the round shapes a capture would plan (:func:`planned_shapes`).
+        device: where the forward runs.
+    """
+
+    def __init__(self, forward: PagedForward, shapes: list[RoundShape], device: torch.device):
+        self.forward, self.device = forward, device
+        self.shapes = list(shapes)
+        self.capture_seconds = 0.0
+        self.capture_bytes = 0
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+    def shape_for(self, batch: int, query: int, outputs: int, pages: int, tree: bool = False) -> RoundShape | None:
+        """The shape a graph would replay the round at (:func:`smallest_shape`), or None."""
+        return smallest_shape(self.shapes, batch, query, outputs, pages, tree)
+
+    def run(self, packed: np.ndarray, shape: RoundShape) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward of a packed round at ``shape``: (logits [B, Q, V], hidden [B, Q, H']), as a replay returns."""
+        flat = torch.from_numpy(packed).to(self.device)
+        return self.forward.run(unpack_round(flat, shape))
+
+
+def round_graphs(mode: str, forward: PagedForward, device: torch.device, max_sequences: int, max_positions: int,
+                 page_size: int) -> CapturedForward | EagerAtShapes | None:
+    """What runs a model's rounds at captured shapes for ``cuda_graphs: mode`` (:data:`CUDA_GRAPHS`): the graphs
+    captured at load on CUDA (``auto``; ``on``: strictly), the eager stand-in (``emulate``, any device) or None
+    (``off``, or ``auto``/``on`` off CUDA: every round eager).
+
+    Raises:
+        RuntimeError: ``on`` and a capture failed (:func:`capture_rounds`).
+    """
+    if mode == "emulate":
+        return EagerAtShapes(forward, planned_shapes(max_sequences, max_positions, page_size), device)
+    if device.type == "cuda" and mode != "off":
+        return capture_rounds(forward, device, max_sequences, max_positions, page_size, strict=mode == "on")
+    return None
+
+
+def capture_rounds(forward: PagedForward, device: torch.device, max_sequences: int, max_positions: int,
+                   page_size: int, strict: bool = False) -> CapturedForward | None:
+    """The graphs a model captures at load (:func:`planned_shapes`); None when capture fails (logged: every round
+    then runs eagerly, as with ``cuda_graphs: off``).
+
+    Raises:
+        RuntimeError: ``strict`` (``cuda_graphs: on``) and a shape's capture failed (the message names the shape and
+            the exception).
+    """
+    graphs = CapturedForward(forward, planned_shapes(max_sequences, max_positions, page_size), device)
     try:
         graphs.capture()
     except Exception:  # noqa: BLE001 - a model whose forward cannot be captured still serves, eagerly
@@ -159,4 +212,5 @@ def capture_rounds(forward: PagedForward, device: torch.device, max_sequences: i
 
 
 __all__ = ["GRAPH_CONTEXTS", "GRAPH_QUERIES", "GRAPH_TREE_BATCH", "GRAPH_TREE_QUERIES", "CapturedForward",
-           "capture_rounds", "capture_shapes", "smallest_shape"]
+           "CUDA_GRAPHS", "EagerAtShapes", "capture_rounds", "capture_shapes", "planned_shapes", "round_graphs",
+           "smallest_shape"]

@@ -20,7 +20,6 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,6 +28,7 @@ from ..settings import InvalidInputError
 from ..tree import check_tree
 from .aux_states import AuxHiddenStates
 from .blocks import PrefixCacheStats
+from .cuda_graphs import CUDA_GRAPHS, round_graphs
 from .invariant_attention import MIN_ROWS_LINEAR, use_invariant_attention
 from .kv_pool import KVPool, kv_shape, pool_tokens
 from .paged_forward import (
@@ -46,9 +46,6 @@ from .paged_forward import (
 )
 from .pages import ROOT_KEY, BlockManager, OutOfPages, PagedSequence
 from .tree_slots import keep_accepted_path, row_parents
-
-if TYPE_CHECKING:
-    from .cuda_graphs import CapturedForward
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +90,9 @@ class CachedCausalLM:
         aux_layers: decoder layers whose inputs the hidden states carry after the last one (EAGLE-3's;
             :class:`~.aux_states.AuxHiddenStates`).
         cuda_graphs: ``auto`` (capture on CUDA; a failed capture is logged and every round runs eagerly), ``on``
-            (the same, but a failed capture raises) or ``off``.
+            (the same, but a failed capture raises), ``emulate`` (on any device, a round a graph would replay runs
+            eagerly at the captured shape: :class:`~.cuda_graphs.EagerAtShapes`, the captured path's code on a CPU)
+            or ``off``.
         gpu_memory_utilization: on CUDA, the fraction of the device's memory the process may fill with the pool.
         pad_shapes: pad every round to the bucketed batch and query sizes (always so for a captured round; by default
             eager rounds run at their exact sizes, which a CPU computes faster).
@@ -119,8 +118,8 @@ class CachedCausalLM:
             raise ValueError(f"max_tokens must be >= 0 (0 = from the device's memory), got {max_tokens}")
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
-        if cuda_graphs not in ("auto", "on", "off"):
-            raise ValueError(f"cuda_graphs must be 'auto', 'on' or 'off', got {cuda_graphs!r}")
+        if cuda_graphs not in CUDA_GRAPHS:
+            raise ValueError(f"cuda_graphs must be one of {', '.join(CUDA_GRAPHS)}, got {cuda_graphs!r}")
         types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
         if types != {"full_attention"}:
             raise NotImplementedError(f"CachedCausalLM supports full-attention models only; this one has layer types "
@@ -151,12 +150,8 @@ class CachedCausalLM:
         self._forward_fn = PagedForward(model, self.pool, self._aux)
         self._seqs: SequenceLRU[PagedSequence] = SequenceLRU(max_sequences, on_evict=self._evicted)
         self._lock = threading.Lock()
-        self.graphs: CapturedForward | None = None
-        if self.device.type == "cuda" and cuda_graphs != "off":
-            from .cuda_graphs import capture_rounds
-
-            self.graphs = capture_rounds(self._forward_fn, self.device, max_sequences, self.max_positions,
-                                         block_size, strict=cuda_graphs == "on")
+        self.graphs = round_graphs(cuda_graphs, self._forward_fn, self.device, max_sequences, self.max_positions,
+                                   block_size)
 
     # -- accounting ----------------------------------------------------------------------------------------------
 

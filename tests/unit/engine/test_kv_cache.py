@@ -37,15 +37,25 @@ def test_cached_logits_equal_uncached_across_rollback(tiny_lm):
     _close(lm.logits(1, alt, 1), tiny_lm, alt)
 
 
-@pytest.mark.parametrize("pad", [False, True])
-def test_batched_logits_equal_each_sequence_alone(tiny_lm, pad):
+@pytest.mark.parametrize("mode", ["exact", "pad", "emulate"])
+def test_batched_logits_equal_each_sequence_alone(tiny_lm, mode):
     """logits_batch over sequences with ragged contexts, k+1 query rows and rollbacks = full forwards; with
-    ``pad_shapes`` the rounds run at bucketed batch and query sizes, and the padded rows and columns change nothing."""
+    ``pad_shapes`` the rounds run at bucketed batch and query sizes, and the padded rows and columns change nothing;
+    with ``cuda_graphs: emulate`` the rounds that a CUDA graph would replay run the captured branch (the packing at a
+    planned shape, padded rows and pages, all query rows returned and cut back) on this CPU."""
     rng = random.Random(0)
-    lm = CachedCausalLM(tiny_lm, max_sequences=8, max_batched_new_tokens=6, max_tokens=4096, pad_shapes=pad)
-    shapes = []
+    lm = CachedCausalLM(tiny_lm, max_sequences=8, max_batched_new_tokens=6, max_tokens=4096, pad_shapes=mode == "pad",
+                        cuda_graphs="emulate" if mode == "emulate" else "auto")
+    shapes, captured = [], []
     forward = lm._forward
-    lm._forward = lambda rows: shapes.append((len(rows), lm.round_shape(rows)[0])) or forward(rows)
+
+    def spy(rows):
+        shape, graph = lm.round_shape(rows)
+        shapes.append((len(rows), shape))
+        captured.append(graph)
+        return forward(rows)
+
+    lm._forward = spy
     seqs = {s: [rng.randrange(97) for _ in range(rng.randint(1, 12))] for s in range(5)}
     for rnd in range(6):
         calls = []
@@ -62,9 +72,16 @@ def test_batched_logits_equal_each_sequence_alone(tiny_lm, pad):
             assert not got.requires_grad  # no autograd graph kept alive by the caches (it grew without bound)
     batched = [n for n, _ in shapes if n > 1]
     assert len(batched) >= 5  # rounds after the prefills ran as one batched forward
-    if pad:
+    if mode == "pad":
         assert any(s.batch > n for n, s in shapes) and all(s.batch in (1, 2, 4, 8) for _, s in shapes)
         assert all(s.query in (1, 2, 3, 5, 9, 17) or s.query % 16 == 0 for _, s in shapes)
+    if mode == "emulate":  # every round of up to 9 new positions replays a planned shape (512 or 1,024 positions)
+        assert lm.graphs is not None and len(lm.graphs) == len(lm.graphs.shapes) > 0
+        assert sum(captured) >= 5 and all(s.pages in (32, 64) for (_, s), c in zip(shapes, captured) if c)
+        assert all(s.query > 9 for (_, s), c in zip(shapes, captured) if not c)  # prefills run eagerly
+        assert any(s.batch > n for (n, s), c in zip(shapes, captured) if c)  # padded rows ran too
+    else:
+        assert not any(captured)
     with pytest.raises(ValueError, match="once per batch"):
         lm.logits_batch([(1, [1, 2], 1), (1, [1, 2], 1)])
     with pytest.raises(ValueError, match="token ids"):
