@@ -239,7 +239,8 @@ def divergence(model, prompt: list[int], ref: list[int], got: list[int], dtype: 
     (:data:`TIE_TOLERANCE` of ``dtype``).
 
     Returns:
-        dict: position, top2_logit_gap, scale (the largest |logit|), emitted_rank (0: this plain forward ranks the
+        dict: position, reference_token and emitted_token (ids), reference_logit and emitted_logit (their logits in
+        that plain forward), top2_logit_gap, scale (the largest |logit|), emitted_rank (0: this plain forward ranks the
         emitted token first, the reference's second), near_tie (the emitted and the reference's token both within
         the tolerance of the best logit).
     """
@@ -252,8 +253,17 @@ def divergence(model, prompt: list[int], ref: list[int], got: list[int], dtype: 
     # both tokens within the tolerance of the best logit: the emitted one may rank first in this plain forward (the
     # reference's own cached decoding then chose the runner-up), or second
     spread = float(top.values[0] - torch.minimum(logits[got[i]], logits[ref[i]]))
-    return {"position": i, "top2_logit_gap": gap, "scale": scale, "emitted_rank": rank,
+    return {"position": i, "reference_token": ref[i], "emitted_token": got[i],
+            "reference_logit": float(logits[ref[i]]), "emitted_logit": float(logits[got[i]]),
+            "top2_logit_gap": gap, "scale": scale, "emitted_rank": rank,
             "near_tie": rank <= 1 and spread <= TIE_TOLERANCE[dtype] * scale}
+
+
+def describe_divergence(d: dict) -> str:
+    """One :func:`divergence` in words: the position and both tokens with their logits."""
+    return (f"position {d['position']}: reference token {d['reference_token']} (logit {d['reference_logit']:.4f}), "
+            f"emitted {d['emitted_token']} (logit {d['emitted_logit']:.4f}; rank {d['emitted_rank']}, scale "
+            f"{d['scale']:.2f})")
 
 
 def make_prompts(n: int, length: int, vocab: int, seed: int = 6) -> list[list[int]]:
@@ -565,7 +575,8 @@ def decoding(ctx: Context, deadline: float, dtypes: Sequence[str] = ("float32", 
                         run["divergences_at_near_ties"] = all(x["near_tie"] for x in d)
                         if not run["divergences_at_near_ties"]:
                             ctx.fail(f"decoding {dtype} batch {batch} {method}: {len(mismatched)} sequences differ "
-                                     f"from plain greedy decoding, not at a near-tie ({d[:2]})")
+                                     f"from plain greedy decoding, not at a near-tie: "
+                                     + "; ".join(describe_divergence(x) for x in d if not x["near_tie"]))
                     res["runs"].append(run)
                     print(f"  {dtype:<9} B={batch} {method:<15}{run['tokens_per_s']:>9.1f} tok/s  "
                           f"tokens/step {run['mean_tokens_per_step']:.2f}  equal {run['equal_to_plain_greedy']}",

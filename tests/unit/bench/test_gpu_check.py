@@ -77,10 +77,16 @@ class _Logits:
     ([3.0, 4.0, 3.99], 1, False),   # the emitted first and close to the runner-up, the reference's token far below
 ])
 def test_a_divergence_is_a_near_tie_only_when_both_tokens_are_within_the_tolerance(last, emitted, near_tie):
-    from bench.gpu_check.decoding import divergence
+    from bench.gpu_check.decoding import describe_divergence, divergence
 
     d = divergence(_Logits(last), [5, 6], ref=[0, 0], got=[0, emitted], dtype="bfloat16")
     assert d["position"] == 1 and d["near_tie"] is near_tie
+    # a failure names the position and both tokens with their logits
+    assert (d["reference_token"], d["emitted_token"]) == (0, emitted)
+    assert (d["reference_logit"], d["emitted_logit"]) == pytest.approx((last[0], last[emitted]))
+    words = describe_divergence(d)
+    assert "position 1" in words and f"reference token 0 (logit {last[0]:.4f})" in words
+    assert f"emitted {emitted} (logit {last[emitted]:.4f}" in words
 
 
 @pytest.fixture
