@@ -42,6 +42,7 @@ from spec_decode.sampling import SamplingParams
 from ..forward_cost import weight_bytes
 from .context import FORWARD_CACHE, FORWARD_NEW_POSITIONS, K_DECODE, Context
 from .speculators import ALTERNATIVES, N_PREDICT, SERVED
+from .sync_sentinel import round_syncs
 
 SELF = "self"
 """A pseudo-method: the draft LM proposer (``speculative_method=draft``) serving the target itself as its draft LM.
@@ -493,7 +494,8 @@ def decoding(ctx: Context, deadline: float, dtypes: Sequence[str] = ("float32", 
         seconds, tokens_per_s, mean_tokens_per_step, acceptance_rate, drafts_per_step, drafts_cap,
         equal_to_plain_greedy, mismatched_sequences, and divergences where any; or skipped), layouts
         (:func:`same_drafts`, float32), engine (per dtype, target and draft LM: :func:`engine_report`; memory: CUDA
-        MiB allocated before the load, after it and after ``del``), forward_cost
+        MiB allocated before the load, after it and after ``del``; round_syncs: the host reads of a warm round of each
+        kind, :func:`.sync_sentinel.round_syncs`), forward_cost
         (per dtype: the target's and the early-exit draft's, :func:`forward_cost`), weight_bytes (per dtype,
         :func:`bench.forward_cost.weight_bytes`) and goals (:func:`goals`).
     """
@@ -531,6 +533,11 @@ def decoding(ctx: Context, deadline: float, dtypes: Sequence[str] = ("float32", 
             print(f"  {dtype:<9} forward ms (batch -> new positions -> ms): "
                   f"{res['forward_cost'][dtype]['target']['ms']}, early-exit draft "
                   f"{res['forward_cost'][dtype]['draft']['ms']}", flush=True)
+            # host synchronisations of a warm round of each kind (reported: the drafting loops still read per slot)
+            res["engine"][dtype]["round_syncs"] = round_syncs(ens, prompts[:2], ctx.cuda)
+            print(f"  {dtype:<9} host reads per round: "
+                  + ", ".join(f"{kind} {v.get('syncs', v.get('reads'))}"
+                              for kind, v in res["engine"][dtype]["round_syncs"].items()), flush=True)
             # warm-up: CUDA context, cuBLAS, every kernel specialization a method launches
             run_methods = [m for m in DECODING_METHODS if m in methods or m == NO_SPECULATION]
             for method in run_methods:
