@@ -40,6 +40,7 @@ from spec_decode.protocol import NO_SPECULATION, StepInputs
 from spec_decode.sampling import SamplingParams
 
 from ..forward_cost import weight_bytes
+from .attention import attention_report
 from .context import FORWARD_CACHE, FORWARD_NEW_POSITIONS, K_DECODE, Context
 from .speculators import ALTERNATIVES, N_PREDICT, SERVED
 from .sync_sentinel import round_syncs
@@ -495,7 +496,7 @@ def decoding(ctx: Context, deadline: float, dtypes: Sequence[str] = ("float32", 
         equal_to_plain_greedy, mismatched_sequences, and divergences where any; or skipped), layouts
         (:func:`same_drafts`, float32), engine (per dtype, target and draft LM: :func:`engine_report`; memory: CUDA
         MiB allocated before the load, after it and after ``del``; round_syncs: the host reads of a warm round of each
-        kind, :func:`.sync_sentinel.round_syncs`), forward_cost
+        kind, :func:`.sync_sentinel.round_syncs`; attention: :func:`.attention.attention_report`), forward_cost
         (per dtype: the target's and the early-exit draft's, :func:`forward_cost`), weight_bytes (per dtype,
         :func:`bench.forward_cost.weight_bytes`) and goals (:func:`goals`).
     """
@@ -533,6 +534,12 @@ def decoding(ctx: Context, deadline: float, dtypes: Sequence[str] = ("float32", 
             print(f"  {dtype:<9} forward ms (batch -> new positions -> ms): "
                   f"{res['forward_cost'][dtype]['target']['ms']}, early-exit draft "
                   f"{res['forward_cost'][dtype]['draft']['ms']}", flush=True)
+            # the attention kernels each call of a round can run on, and the one PyTorch picks (reported)
+            res["engine"][dtype]["attention"] = attention_report(ens, prompts[:2])
+            picked = {(a["site"].rsplit("/", 1)[-1], a["call"]["mask"]): a["picked"]
+                      for a in res["engine"][dtype]["attention"]}
+            print(f"  {dtype:<9} attention kernels picked: "
+                  + ", ".join(f"{site} (mask {mask}) {k}" for (site, mask), k in picked.items()), flush=True)
             # host synchronisations of a warm round of each kind (reported: the drafting loops still read per slot)
             res["engine"][dtype]["round_syncs"] = round_syncs(ens, prompts[:2], ctx.cuda)
             print(f"  {dtype:<9} host reads per round: "

@@ -175,13 +175,15 @@ ROUND_KINDS = {"plain": ("none", 0, False), "head chain, greedy": ("eagle3", 4, 
 """The served rounds whose host reads are counted: kind -> (method, k, sampled)."""
 
 
-def round_syncs(ensembles: dict, prompts: list[list[int]], cuda: bool, warm_rounds: int = 2) -> dict:
+def round_syncs(ensembles: dict, prompts: list[list[int]], cuda: bool, warm_rounds: int = 2,
+                kinds: tuple[str, ...] = tuple(ROUND_KINDS), measure: bool = True) -> dict:
     """Host reads of one warm round of each kind of :data:`ROUND_KINDS` through ``ensembles`` (method ->
     :class:`~spec_decode.serving.local_ensemble.LocalEnsemble`), a batch of ``prompts`` (token ids) as new sequences,
     after ``warm_rounds`` rounds (so a head has hidden states).
 
     On a CPU (``cuda`` False) by :class:`SyncSentinel`; on CUDA by ``torch.cuda.set_sync_debug_mode("warn")``, each
-    synchronising call a warning (its frame recorded as the warning reports it).
+    synchronising call a warning (its frame recorded as the warning reports it). ``kinds``: a subset of the kinds;
+    ``measure`` False runs the rounds only (for :func:`.attention.attention_report`).
 
     Returns:
         kind -> {"reads": count, "by_function": {"what path:function": count}} (CPU) or {"syncs": count,
@@ -194,6 +196,8 @@ def round_syncs(ensembles: dict, prompts: list[list[int]], cuda: bool, warm_roun
 
     out: dict = {}
     for n, (kind, (method, k, sampled)) in enumerate(ROUND_KINDS.items()):
+        if kind not in kinds:
+            continue
         ens = ensembles[method]
         params = SamplingParams(1.0 if sampled else 0.0, 0, 1.0, 7, seeded=True)
         ids = [list(p) for p in prompts]
@@ -202,7 +206,7 @@ def round_syncs(ensembles: dict, prompts: list[list[int]], cuda: bool, warm_roun
         for step in range(warm_rounds + 1):
             inps = [StepInputs(s, ids[i], k, method, params, step, hidden_states=hidden[i])
                     for i, s in enumerate(seqs)]
-            if step < warm_rounds:
+            if step < warm_rounds or not measure:
                 results = ens.run_round(inps)
             elif cuda:
                 torch.cuda.synchronize()

@@ -49,6 +49,14 @@ def test_cpu_mode_runs_every_part_and_every_method_equals_plain_greedy(tmp_path)
             assert graphs["emulated"] and graphs["captured"] > 0 and graphs["seconds"] == 0
         else:  # the batch-invariant bfloat16 forward pads few-row products itself: no captured shapes
             assert graphs is None
+        # the attention calls of the rounds and the kernel each runs on (CPU: flash or math)
+        attention = dec["engine"][dtype]["attention"]
+        decoder = {"float32": "backend_src/spec_decode/engine/paged_forward.py:__call__",  # through transformers
+                   "bfloat16": "backend_src/spec_decode/engine/invariant_attention.py:_padded_sdpa"}[dtype]
+        assert {a["site"] for a in attention} >= {decoder, "backend_src/spec_decode/proposers/eagle/eagle3.py:attend"}
+        assert all(a["picked"] in ("FLASH_ATTENTION", "MATH") and a["picked"] == a["kernels"][0] for a in attention)
+        syncs = dec["engine"][dtype]["round_syncs"]
+        assert syncs["plain"]["reads"] == 2 and syncs["head chain, greedy"]["reads"] > 2
         goals = dec["goals"][dtype]
         assert 0 < goals["fraction_of_roofline"] and goals["batch8_over_batch1"] > 0
         # a ratio of two timings: measured, not held to a bound here (a loaded machine moves it; the GPU run's
