@@ -44,3 +44,18 @@ def test_paged_rows_equal_dense_attention_through_growth_rollbacks_and_releases(
     for ctx in ctxs:
         kv.release(ctx)
     assert kv.blocks.used_pages() == 0
+
+
+def test_grouped_attention_expanded_for_cuda_equals_the_grouped_call():
+    """The EAGLE heads' attention: the form CUDA runs (keys and values expanded to the query heads, no enable_gqa:
+    the memory-efficient kernel takes it with a boolean mask) computes what the grouped call computes."""
+    from spec_decode.proposers.eagle.model import gqa_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(2, 4, 3, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g), torch.randn(2, 2, 5, 8,
+                                                                                                      generator=g)
+    mask = torch.rand(2, 1, 3, 5, generator=g) > 0.4
+    mask[..., 0] = True
+    grouped = gqa_attention(q, k, v, mask, expand=False)
+    assert grouped.shape == (2, 3, 32)
+    torch.testing.assert_close(gqa_attention(q, k, v, mask, expand=True), grouped, atol=1e-6, rtol=1e-6)

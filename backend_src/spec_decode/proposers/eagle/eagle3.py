@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...engine.draft_vocab import DraftVocab
-from .model import RMSNorm, rope_inv_freq, rotate
+from .model import RMSNorm, gqa_attention, rope_inv_freq, rotate
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 WEIGHTS_FILE = "model.safetensors"
@@ -160,9 +160,8 @@ class Eagle3Head(nn.Module):
         return rotate(q, positions, inv), rotate(k, positions, inv), v
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Grouped-query attention (as :meth:`~.model.EagleHead.attend`): [B, T, heads x D]."""
-        att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-        return att.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+        """Grouped-query attention (:func:`~.model.gqa_attention`): [B, T, heads x D]."""
+        return gqa_attention(q, keys, values, mask)
 
     def finish(self, z: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
         """The layer's output a' [..., H] before the final norm (what drafting feeds back) from inputs z [..., 3H]

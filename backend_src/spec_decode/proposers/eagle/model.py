@@ -85,6 +85,26 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> 
     return (x.float() * cos + rot.float() * sin).to(x.dtype)
 
 
+def gqa_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                  expand: bool | None = None) -> torch.Tensor:
+    """Grouped-query attention: q [B, heads, T, D] over keys/values [B, kv_heads, S, D] where ``mask`` [B or 1, 1,
+    T, S] (bool) allows; returns [B, T, heads x D].
+
+    On CUDA the keys and values are expanded to the query heads first: PyTorch's memory-efficient kernel takes a
+    boolean mask but not ``enable_gqa``, flash takes ``enable_gqa`` but no mask, so the grouped form would run the
+    math kernel (the GPU check's attention report, ``bench/gpu_check/attention.py``, shows which runs). Elsewhere the
+    grouped call (the CPU's kernels take both). ``expand``: force either form (None: expanded on CUDA). The two
+    compute the same attention (query head h reads key head h // (heads / kv_heads) in both).
+    """
+    if (q.is_cuda if expand is None else expand) and keys.shape[1] != q.shape[1]:
+        groups = q.shape[1] // keys.shape[1]
+        att = F.scaled_dot_product_attention(q, keys.repeat_interleave(groups, dim=1),
+                                             values.repeat_interleave(groups, dim=1), attn_mask=mask)
+    else:
+        att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+    return att.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+
 class EagleHead(nn.Module):
     """The EAGLE head: the pairs' input layer and one decoder layer, over a frozen pruned embedding and LM head.
 
@@ -177,10 +197,8 @@ class EagleHead(nn.Module):
         return rotate(q, positions, inv), rotate(k, positions, inv), v
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Grouped-query attention: q [B, heads, T, D] over keys/values [B, kv_heads, S, D] where ``mask`` [B or 1, 1,
-        T, S] (bool) allows; returns [B, T, heads x D]."""
-        att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-        return att.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+        """Grouped-query attention (:func:`gqa_attention`): [B, T, heads x D]."""
+        return gqa_attention(q, keys, values, mask)
 
     def finish(self, z: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
         """The layer's output [..., H] from its inputs z and their attention [..., heads x D] (residuals and MLP)."""
