@@ -232,3 +232,26 @@ def test_the_forward_has_no_host_synchronisation(tiny_lm):
     torch.testing.assert_close(logits, eager_logits)
     _close(logits[0, :4], tiny_lm, list(range(1, 20)) + [7, 8, 9])
     assert hidden.shape == (shape.batch, shape.outputs, tiny_lm.config.hidden_size)
+
+
+@pytest.mark.parametrize("tree", [None, [-1, 0, 0]])
+def test_the_forward_makes_no_tensor_off_its_device(tiny_lm, tree):
+    """The round's forward run with its model, pool and inputs on the ``meta`` device (shapes only, no data): a
+    tensor made inside it without ``device=`` (on the CPU) would meet a meta tensor and fail, as it would cost an
+    upload (or fail) on CUDA. A chain round and a tree round (the ancestor mask built from parents)."""
+    from transformers import LlamaForCausalLM
+
+    host = CachedCausalLM(tiny_lm, max_tokens=1024, prefix_caching=False)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(tiny_lm.config).eval()
+    meta = CachedCausalLM(model, max_tokens=1024, prefix_caching=False)
+    assert meta.device.type == "meta" and meta.pool.data.device.type == "meta"
+    host.logits_batch([(1, list(range(1, 20)), 1), (2, [4, 5, 6], 1)])
+    rows = [host._prepare(1, list(range(1, 20)) + [7, 8, 9], 4, {1, 2}, tree).row,
+            host._prepare(2, [4, 5, 6, 7], 1, {1, 2}).row]
+    shape, _ = host.round_shape(rows)
+    assert shape.tree == (tree is not None)
+    inputs = unpack_round(torch.from_numpy(pack_round(rows, shape, host.block_size)).to("meta"), shape)
+    with torch.inference_mode():
+        logits, hidden = meta._forward_fn.run(inputs)
+    assert logits.device.type == "meta" and logits.shape == (2, shape.outputs, tiny_lm.config.vocab_size)
