@@ -337,9 +337,8 @@ def sync_free(ctx: Context, lm) -> dict | None:
             try:
                 torch.cuda.set_sync_debug_mode("error")
                 with torch.inference_mode():
-                    if captured:
-                        graph, _ = lm.graphs._graphs[shape]
-                        graph.replay()
+                    if captured:  # the served path's replay: its pinned upload, event wait and graph
+                        lm.graphs.run(packed, shape)
                     else:
                         lm._forward_fn.run(inputs)
                 out[name] = "no synchronisation"
