@@ -116,13 +116,16 @@ def coupled_exponentials(seed: int, position: int, size: int) -> torch.Tensor:
                           ).clamp_min_(1e-30)
 
 
-def race(probs: torch.Tensor, exponential: torch.Tensor) -> int:
+def race(probs: torch.Tensor, exponential: torch.Tensor, lazy: bool = False) -> int | torch.Tensor:
     """The exponential race argmax(probs / E) over [N] (a draw from normalize(probs) when E ~ Exp(1) i.i.d.; gpt-fast,
     vLLM). Entries with probs == 0 rank below every other entry (score -1), so a zero-probability token never wins;
-    ties go to the lowest index. ``probs`` any float dtype and device; ``exponential`` [N] float32 on the CPU."""
-    p = probs.float().cpu()
-    score = torch.where(p > 0, p / exponential, torch.full_like(p, -1.0))
-    return int(torch.argmax(score).item())
+    ties go to the lowest index. ``probs`` any float dtype and device; ``exponential`` [N] float32 (on the CPU, where
+    it is drawn: it is copied to ``probs``' device, and the race runs there, in float32 as on the CPU). Returns the
+    index as an int, or with ``lazy`` as a 0-dim int64 tensor on that device, not read by the host."""
+    p = probs.float()
+    e = exponential.to(p.device, non_blocking=True)
+    best = torch.argmax(torch.where(p > 0, p / e, torch.full_like(p, -1.0)))
+    return best if lazy else int(best)
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -118,9 +118,14 @@ class SyncSentinel(TorchDispatchMode):
                     event = _event(_name)
                     last = sentinel.events[-1] if sentinel.events else None
                     # ``t.cpu().numpy()``: one copy (on a CPU ``cpu()`` returns the tensor itself, still tagged)
-                    if not (last is not None and last.what == "cpu" and last.where == event.where):
+                    if not (_name != "cpu" and last is not None and last.what == "cpu" and last.where == event.where):
                         sentinel.events.append(event)
-                return _original(t, *a, **kw)
+                out = _original(t, *a, **kw)
+                if _name == "cpu" and out is t and sentinel.on_device(t):
+                    # on a CPU ``cpu()`` returns the tensor itself; on CUDA it is a host copy: reads of it are free
+                    out = t.clone()
+                    del sentinel._device[out]
+                return out
 
             setattr(torch.Tensor, name, wrapped)
         return super().__enter__()
@@ -136,38 +141,41 @@ class SyncSentinel(TorchDispatchMode):
         return Counter((e.what, e.where) for e in self.events)
 
 
+DEVICE_HOLDERS = ("KVPool", "HeadKV")
+"""Classes whose tensor attributes live on the model's device (the KV pools); other objects' tensors may be host
+tensors by design (a pruned vocabulary's ids, pinned buffers) and are not taken as device tensors."""
+
+
 def device_tensors_of(*objects: object) -> list[torch.Tensor]:
-    """Every parameter and buffer of the ``torch.nn.Module`` objects reachable from ``objects`` (their attributes,
-    dicts, lists and tuples, a few levels deep) and every tensor attribute on the way (KV pools): what would live on
-    the GPU when these models run there."""
+    """Every parameter and buffer of the ``torch.nn.Module`` objects reachable from ``objects`` (through the
+    project's objects' attributes, dicts, lists and tuples, a few levels deep) and the tensors of the KV pools on the
+    way (:data:`DEVICE_HOLDERS`): what would live on the GPU when these models run there."""
     out: dict[int, torch.Tensor] = {}
     seen: set[int] = set()
 
-    def visit(x: object, depth: int) -> None:
+    def visit(x: object, depth: int, holder: bool = False) -> None:
         if id(x) in seen or depth > 6:
             return
         seen.add(id(x))
         if isinstance(x, torch.Tensor):
-            out[id(x)] = x
+            if holder:
+                out[id(x)] = x
         elif isinstance(x, torch.nn.Module):
             for t in (*x.parameters(), *x.buffers()):
                 out[id(t)] = t
         elif isinstance(x, dict):
             for v in x.values():
-                visit(v, depth + 1)
+                visit(v, depth + 1, holder)
         elif isinstance(x, (list, tuple)):
             for v in x:
-                visit(v, depth + 1)
+                visit(v, depth + 1, holder)
         elif hasattr(x, "__dict__") and type(x).__module__.split(".")[0] in ("spec_decode", "bench"):
             for v in vars(x).values():
-                visit(v, depth + 1)
+                visit(v, depth + 1, type(x).__name__ in DEVICE_HOLDERS)
 
     for o in objects:
         visit(o, 0)
     return list(out.values())
-
-
-
 
 
 ROUND_KINDS = {"plain": ("none", 0, False), "head chain, greedy": ("eagle3", 4, False),
@@ -232,4 +240,5 @@ def round_syncs(ensembles: dict, prompts: list[list[int]], cuda: bool, warm_roun
                 hidden[i] = r.hidden_states
         ens.release([StepInputs(s, ids[i], 0, method, params, warm_rounds + 1) for i, s in enumerate(seqs)])
     return out
-__all__ = ["HOST_COPIES", "ROUND_KINDS", "SYNC_OPS", "SyncEvent", "SyncSentinel", "device_tensors_of", "round_syncs"]
+__all__ = ["DEVICE_HOLDERS", "HOST_COPIES", "ROUND_KINDS", "SYNC_OPS", "SyncEvent", "SyncSentinel",
+           "device_tensors_of", "round_syncs"]

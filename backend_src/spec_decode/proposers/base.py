@@ -233,7 +233,8 @@ class Proposer:
 
 def draft_token(logits: torch.Tensor, request: ProposalRequest, purpose: NoisePurpose, slot: int,
                 drafts: list[int] | None = None, column_ids: torch.Tensor | None = None,
-                grammar: GrammarCache | None = None, vocab_size: int | None = None) -> tuple[int, torch.Tensor]:
+                grammar: GrammarCache | None = None, vocab_size: int | None = None,
+                lazy: bool = False) -> tuple[int | torch.Tensor, torch.Tensor]:
     """One draft token from a model proposer's logits under the request's processors and sampling.
 
     Args:
@@ -248,6 +249,8 @@ def draft_token(logits: torch.Tensor, request: ProposalRequest, purpose: NoisePu
             target still enforces it).
         vocab_size: the target's vocabulary size V (a coupled draft races the noise of V tokens, gathered at
             ``column_ids``), or None: ``max(column_ids) + 1``, or N without ``column_ids``.
+        lazy: a greedy row's token as a 0-dim int64 tensor on the logits' device, not read by the host (the caller
+            reads a slot's tokens in one copy: :func:`slot_outcomes`).
 
     Returns:
         (token index in [0, N), probs [N] float32 after the request's processors and temperature / top-k / top-p):
@@ -269,14 +272,42 @@ def draft_token(logits: torch.Tensor, request: ProposalRequest, purpose: NoisePu
                                 request.seq_id, column_ids)[0]
     probs = logits_to_probs(logits, request.params)
     if request.params.is_greedy:
-        return int(torch.argmax(probs)), probs
+        best = torch.argmax(probs)
+        return (best if lazy else int(best)), probs
     if request.coupled:
         n = probs.shape[-1]
         cols = None if column_ids is None else column_ids.cpu()
         size = vocab_size if vocab_size is not None else (n if cols is None or not len(cols) else int(cols.max()) + 1)
         e = coupled_exponentials(request.params.seed, request.position(slot), max(size, n if cols is None else 0))
-        return race(probs, e[:n] if cols is None else e[cols]), probs
+        return race(probs, e[:n] if cols is None else e[cols], lazy), probs
     return sample_from(probs, generator_for(request.params.seed, request.step, purpose, slot)), probs
+
+
+def slot_outcomes(picks: list[tuple[int | torch.Tensor, torch.Tensor]], running: list[float],
+                  min_token_prob: float) -> list[tuple[int, bool, float]]:
+    """A drafting slot's outcome for each row, read by the host in one copy: the rows' tokens, whether each passes
+    :func:`confident` and each token's probability, computed on the device and copied together (on CUDA a read per
+    row and per value would each wait for the device).
+
+    Args:
+        picks: per row, (token index: an int or a 0-dim tensor from :func:`draft_token` with ``lazy``, probs [N]).
+        running: per row, the product of its drafts' probabilities so far.
+        min_token_prob: the confidence threshold.
+
+    Returns:
+        per row, (token index, passes, probs[token] as a Python float): the values :func:`confident` and
+        ``float(probs[token])`` give (computed in float64, as the host computes them).
+    """
+    if not picks:
+        return []
+    cols = []
+    for (tok, probs), run in zip(picks, running):
+        t = tok if isinstance(tok, torch.Tensor) else torch.tensor(tok, device=probs.device)
+        p = probs.double()
+        passes = torch.isfinite(probs).all() & (p.max() * run >= min_token_prob)
+        cols.append(torch.stack([t.double(), passes.double(), p.gather(0, t.reshape(1))[0]]))  # no __index__
+    host = torch.stack(cols).cpu().tolist()
+    return [(int(t), bool(ok), prob) for t, ok, prob in host]
 
 
 def confident(running: float, probs: torch.Tensor, min_token_prob: float) -> bool:

@@ -303,9 +303,11 @@ def coupled_sample(
     Since each t_i is an exact draw from p_i with noise independent of the other positions, the emitted tokens follow
     the target's law whatever the drafts (drafts without probabilities are accepted with probability p(x), as by
     rejection sampling; drafts raced with the same noise, :func:`spec_decode.sampling.coupled_exponentials`, whenever
-    both races agree). Position i is raced only for the rows whose drafts matched up to it (one sampler call, one
-    kernel launch on CUDA, per position). Boundary rules are those of the race in :func:`rejection_sample`: a
-    zero-probability token never wins, ties go to the lowest index.
+    both races agree). Every position a row may reach (up to its first -1 placeholder, and the bonus) is raced in one
+    sampler call (one kernel launch on CUDA), each (row, position) with its own seed, so the host reads the tokens
+    once; the positions past a row's first mismatch are raced and dropped (the same tokens as racing only the rows
+    that matched: each row's race depends on its own seed alone). Boundary rules are those of the race in
+    :func:`rejection_sample`: a zero-probability token never wins, ties go to the lowest index.
 
     Args:
         target_probs: [B, k+1, V] float32 (bfloat16/float16 accepted): the target's distributions after the sampling
@@ -331,19 +333,23 @@ def coupled_sample(
         if b and int(x.min()) < 0:
             raise ValueError(f"{name} must be >= 0")
     dev = target_probs.device
-    out = torch.full((b, k1), -1, dtype=torch.int64, device=dev)
     drafts = draft_token_ids.cpu().tolist()
     seed_list, pos_list = seeds.tolist(), positions.tolist()
-    live = list(range(b))  # rows whose drafts matched every position before i
-    for i in range(k1):
-        if not live:
-            break
-        idx = torch.tensor(live, device=dev)
-        row_seeds = torch.tensor([coupled_seed(seed_list[r], pos_list[r] + i) for r in live], dtype=torch.int64)
-        tp = target_probs[idx, i : i + 1]  # [m, 1, V]: each row a k = 0 row, raced with its own seed only
-        tokens = rejection_sample(tp, torch.empty((len(live), 0), dtype=torch.int64, device=dev), None,
-                                  seeds=row_seeds, backend=backend)[:, 0]
-        out[idx, i] = tokens
-        tok = tokens.cpu().tolist()
-        live = [r for r, t in zip(live, tok) if i < k1 - 1 and drafts[r][i] == t]
-    return out
+    # every position a row may reach (up to its first -1 placeholder, and the bonus) raced in one call, one row per
+    # (row, position), each with its own seed: the host reads the drafts once and the tokens once, not per position
+    spans = [next((i for i, d in enumerate(row) if d < 0), k1 - 1) + 1 for row in drafts] if k1 > 1 else [1] * b
+    pairs = [(r, i) for r in range(b) for i in range(spans[r])]
+    out_rows = [[-1] * k1 for _ in range(b)]
+    if pairs:
+        pick = torch.tensor(pairs, device=dev)
+        row_seeds = torch.tensor([coupled_seed(seed_list[r], pos_list[r] + i) for r, i in pairs], dtype=torch.int64)
+        tp = target_probs[pick[:, 0], pick[:, 1]][:, None]  # [M, 1, V]: each a k = 0 row, raced with its own seed
+        tokens = rejection_sample(tp, torch.empty((len(pairs), 0), dtype=torch.int64, device=dev), None,
+                                  seeds=row_seeds, backend=backend)[:, 0].cpu().tolist()
+        race = dict(zip(pairs, tokens))
+        for r in range(b):
+            for i in range(spans[r]):
+                out_rows[r][i] = race[(r, i)]
+                if i == spans[r] - 1 or drafts[r][i] != race[(r, i)]:
+                    break
+    return torch.tensor(out_rows, dtype=torch.int64, device=dev).reshape(b, k1)

@@ -162,16 +162,18 @@ def _padded(group: list[VerifierRow], is_tree: bool, with_dp: bool, dev, dtype, 
 
 def _emitted(tp: torch.Tensor, out: torch.Tensor, rows: torch.Tensor) -> list[tuple[list[int], list[float]]]:
     """Per row of a sampler's output ``out`` [G, n+1] (-1 padded), its ids and their log-probabilities, read from
-    ``tp`` [G, n+1, V] at the target rows ``rows`` [G, n+1] that predicted them (gathered on the device; [G, n+1]
-    floats come to the host)."""
+    ``tp`` [G, n+1, V] at the target rows ``rows`` [G, n+1] that predicted them (gathered on the device; the ids and
+    their float32 log-probabilities come to the host in one copy)."""
     g = tp.shape[0]
     lp = torch.log(tp[torch.arange(g, device=tp.device)[:, None], rows, out.clamp_min(0)].float()
-                   .clamp_min(1e-38)).cpu()
-    out = out.cpu()
+                   .clamp_min(1e-38))
+    # one copy to the host: ids (exact in float64) beside their log-probabilities
+    host = torch.cat([out.double(), lp.double()], dim=1).cpu().tolist()
+    n1 = out.shape[1]
     res = []
     for r in range(g):
-        n = int((out[r] >= 0).sum())
-        res.append((out[r, :n].tolist(), lp[r, :n].tolist()))
+        ids = [int(x) for x in host[r][:n1] if x >= 0]
+        res.append((ids, host[r][n1: n1 + len(ids)]))  # float32 values, exactly
     return res
 
 

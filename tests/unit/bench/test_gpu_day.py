@@ -1,5 +1,6 @@
-"""bench.gpu_day (``make gpu-day``): its CPU mode runs the forward and served parts as on a bare GPU machine and
-passes, a part that fails is named, and the served path's checks run through a real tritonserver."""
+"""bench.gpu_day (``make gpu-day``): its CPU mode runs the served part as on a bare GPU machine and passes (the
+forward parts are gpu_check's decoding part, which tests/unit/bench/test_gpu_check.py runs), a part that fails is
+named, and the served path's checks run through a real tritonserver."""
 
 from __future__ import annotations
 
@@ -20,20 +21,16 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
 
 
-def test_cpu_mode_forward_and_served_parts_pass(tmp_path):
+def test_cpu_mode_served_part_passes(tmp_path):
     out = tmp_path / "gpu_day.json"
     proc = subprocess.run([sys.executable, "-m", "bench.gpu_day", "--device", "cpu", "--output", str(out),
-                           "--parts", "forward_float32", "served"],
+                           "--parts", "served"],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path, env=_env())
     res = json.loads(out.read_text())
-    assert {n: p["status"] for n, p in res["parts"].items()} == {"forward_float32": "passed", "served": "passed"}, \
+    assert {n: p["status"] for n, p in res["parts"].items()} == {"served": "passed"}, \
         proc.stdout[-4000:] + proc.stderr[-4000:]
     # a subset of the parts is not a whole run: exit 1, said so
     assert proc.returncode == 1 and not res["passed"] and "incomplete" in proc.stdout.splitlines()[-1]
-    fwd = res["parts"]["forward_float32"]["result"]["parts"]["decoding"]
-    assert {r["method"] for r in fwd["runs"]} == {"none", "suffix", "eagle3", "draft", "self"}
-    assert all(r["equal_to_plain_greedy"] for r in fwd["runs"])
-    assert fwd["engine"]["float32"]["memory"] == {}  # CUDA memory is measured on CUDA only
     served = res["parts"]["served"]["result"]
     assert not served["failures"] and served["instances"] == "KIND_CPU, device cpu"
     runs = {(r["method"], r["concurrency"]): r for r in served["runs"]}
@@ -42,8 +39,7 @@ def test_cpu_mode_forward_and_served_parts_pass(tmp_path):
     assert runs[("eagle3", 1)]["drafted"] > 0 and runs[("none", 1)]["drafted"] == 0
     assert served["server_over_in_process"] > 0 and served["round_beyond_forward_ms"] is not None
     assert "ms_per_round" in runs[("suffix", 8)] and "ms_per_round" not in runs[("ngram", 1)]
-    for line in ("PASSED    forward_float32", "PASSED    served"):
-        assert line in proc.stdout
+    assert "PASSED    served" in proc.stdout
 
 
 def test_a_failing_part_is_named(tmp_path):

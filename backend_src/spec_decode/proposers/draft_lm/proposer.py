@@ -25,7 +25,7 @@ from ...engine.kv_cache import CachedCausalLM
 from ...engine.model_loading import load_cached_lm
 from ...sampling import NoisePurpose
 from ...settings import InvalidInputError, LMSettings, in_range
-from ..base import Proposal, ProposalRequest, Proposer, confident, draft_token
+from ..base import Proposal, ProposalRequest, Proposer, draft_token, slot_outcomes
 from .artifacts import draft_lm_configured, resolve_draft_path
 
 
@@ -142,17 +142,20 @@ class DraftModelProposer(Proposer):
         active = [j for j, k in enumerate(ks) if k > 0]
         for i in range(max(ks, default=0)):
             logits = self.lm.logits_batch([(requests[j].seq_id, ids[j], 1) for j in active])
-            still = []
+            still, picks = [], []
             for j, lg in zip(active, logits):
                 lg = lg[0]
                 if vocab is not None:
                     lg = lg[: vocab.unk_index]  # never propose the "outside the set" row
-                tok, probs = draft_token(lg, requests[j], NoisePurpose.DRAFT_LM, i, drafts[j],
+                picks.append(draft_token(lg, requests[j], NoisePurpose.DRAFT_LM, i, drafts[j],
                                          None if vocab is None else vocab.token_ids, self.grammar,
-                                         None if vocab is None else vocab.target_vocab_size)
-                if not confident(running[j], probs, self.min_token_prob):
+                                         None if vocab is None else vocab.target_vocab_size, lazy=True))
+            # the slot's tokens, confidence and probabilities in one copy to the host
+            for j, (_, probs), (tok, passes, p_tok) in zip(active, picks, slot_outcomes(
+                    picks, [running[j] for j in active], self.min_token_prob)):
+                if not passes:
                     continue
-                running[j] *= float(probs[tok])
+                running[j] *= p_tok
                 score[j] += running[j]
                 ids[j].append(tok)
                 if vocab is not None:

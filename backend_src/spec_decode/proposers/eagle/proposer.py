@@ -18,7 +18,7 @@ from ...engine.draft_vocab import DraftVocab
 from ...sampling import NoisePurpose
 from ...sequences import SequenceLRU, common_prefix_len
 from ...settings import InvalidInputError
-from ..base import Proposal, ProposalRequest, Proposer, confident, draft_token
+from ..base import Proposal, ProposalRequest, Proposer, draft_token, slot_outcomes
 from ..speculators.base import SpeculatorSettings, check_hidden_states, head_served, load_served_head, place_head
 from ..speculators.layouts import aux_hidden_state_layers
 from ..speculators.target import TargetInfo
@@ -207,13 +207,14 @@ class EagleProposer(Proposer):
             for i in range(max(ks[j] for j in live)):
                 logits = self.model.logits(state)
                 keep, tokens = [], []
-                for row, j in enumerate(live):
-                    r = requests[j]
-                    tok, probs = draft_token(logits[row], r, self.purpose, i, drafts[j], vocab.token_ids,
-                                             self.grammar, vocab.target_vocab_size)
-                    if not confident(running[row], probs, self.min_token_prob):
+                picks = [draft_token(logits[row], requests[j], self.purpose, i, drafts[j], vocab.token_ids,
+                                     self.grammar, vocab.target_vocab_size, lazy=True) for row, j in enumerate(live)]
+                # the slot's tokens, confidence and probabilities in one copy to the host
+                for (row, j), (_, probs), (tok, passes, p_tok) in zip(
+                        enumerate(live), picks, slot_outcomes(picks, running, self.min_token_prob)):
+                    if not passes:
                         continue
-                    running[row] *= float(probs[tok])
+                    running[row] *= p_tok
                     drafts[j].append(int(vocab.token_ids[tok]))
                     rows[j].append(vocab.scatter(probs))
                     score[j] += running[row]

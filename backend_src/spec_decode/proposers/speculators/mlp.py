@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...sampling import NoisePurpose
-from ..base import Proposal, ProposalRequest, confident, draft_token
+from ..base import Proposal, ProposalRequest, draft_token, slot_outcomes
 from .base import HeadProposer
 from .checkpoint import SpeculatorLoadError, config_int, find_weights, load_weights, read_config, take
 from .target import TargetInfo
@@ -318,12 +318,14 @@ def propose_chain(proposer: HeadProposer, requests: list[ProposalRequest], purpo
     for i in range(max(ks[j] for j in live)):
         logits, carry = head.step(i, carry, torch.tensor(tokens, dtype=torch.int64, device=dev))
         keep, tokens = [], []
-        for row, j in enumerate(live):
-            r = requests[j]
-            tok, probs = draft_token(logits[row], r, purpose, i, drafts[j], None, proposer.grammar, vocab)
-            if not confident(running[j], probs, proposer.min_token_prob):
+        picks = [draft_token(logits[row], requests[j], purpose, i, drafts[j], None, proposer.grammar, vocab,
+                             lazy=True) for row, j in enumerate(live)]
+        # the slot's tokens, confidence and probabilities in one copy to the host
+        for (row, j), (_, probs), (tok, passes, p_tok) in zip(
+                enumerate(live), picks, slot_outcomes(picks, [running[j] for j in live], proposer.min_token_prob)):
+            if not passes:
                 continue
-            running[j] *= float(probs[tok])
+            running[j] *= p_tok
             score[j] += running[j]
             drafts[j].append(tok)
             rows[j].append(probs.float())

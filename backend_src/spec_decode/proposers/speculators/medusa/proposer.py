@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from ....sampling import NoisePurpose
-from ...base import Proposal, ProposalRequest, confident, draft_token
+from ...base import Proposal, ProposalRequest, draft_token, slot_outcomes
 from ..base import HeadProposer
 from ..target import TargetInfo
 from .model import MedusaHead
@@ -64,11 +64,14 @@ class MedusaProposer(HeadProposer):
             drafts: list[int] = []
             running, score = 1.0, 0.0
             for i in range(k):
-                _, probs = draft_token(logits[i, row], r, NoisePurpose.MEDUSA, i, drafts, None, self.grammar, vocab)
-                if not confident(running, probs, self.min_token_prob):
+                _, probs = draft_token(logits[i, row], r, NoisePurpose.MEDUSA, i, drafts, None, self.grammar, vocab,
+                                       lazy=True)
+                # the head's argmax (Medusa drafts its heads' top token), its confidence and probability: one read
+                ((tok, passes, p_tok),) = slot_outcomes([(torch.argmax(probs), probs)], [running],
+                                                        self.min_token_prob)
+                if not passes:
                     break
-                tok = int(torch.argmax(probs))
-                running *= float(probs[tok])
+                running *= p_tok
                 drafts.append(tok)
                 score += running
             if drafts:
