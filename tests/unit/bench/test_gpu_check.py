@@ -53,7 +53,8 @@ def test_cpu_mode_runs_every_part_and_every_method_equals_plain_greedy(tmp_path)
         attention = dec["engine"][dtype]["attention"]
         decoder = {"float32": "backend_src/spec_decode/engine/paged_forward.py:__call__",  # through transformers
                    "bfloat16": "backend_src/spec_decode/engine/invariant_attention.py:_padded_sdpa"}[dtype]
-        assert {a["site"] for a in attention} >= {decoder, "backend_src/spec_decode/proposers/eagle/eagle3.py:attend"}
+        heads = "backend_src/spec_decode/proposers/eagle/model.py:gqa_attention"
+        assert {a["site"] for a in attention} >= {decoder, heads}
         assert all(a["picked"] in ("FLASH_ATTENTION", "MATH") and a["picked"] == a["kernels"][0] for a in attention)
         syncs = dec["engine"][dtype]["round_syncs"]
         assert syncs["plain"]["reads"] == 2 and syncs["head chain, greedy"]["reads"] > 2
