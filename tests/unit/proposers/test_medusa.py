@@ -268,3 +268,84 @@ def test_a_folder_of_neither_layout_names_medusa_num_heads(tmp_path, target):
     assert err.key == "medusa_num_heads" and err.file.endswith("config.json")
     err = _load_error(write_medusa(tmp_path / "n", H, V, medusa_num_heads="4"), target)
     assert err.key == "medusa_num_heads" and "'4'" in err.detail
+
+
+# -- candidate trees -----------------------------------------------------------------------------------------------
+
+
+def _brute_force(top_probs, budget, min_prob):
+    """Every path of top-k indices within the heads, by joint probability (distinct here), the best ``budget``."""
+    import itertools
+
+    paths = [p for d in range(1, len(top_probs) + 1) for p in itertools.product(*(range(len(t)) for t in
+                                                                                  top_probs[:d]))]
+    joint = {p: float(torch.tensor([top_probs[i][c] for i, c in enumerate(p)], dtype=torch.float64).prod())
+             for p in paths}
+    return [p for p in sorted(paths, key=lambda p: -joint[p]) if joint[p] >= min_prob][:budget], joint
+
+
+@pytest.mark.parametrize(("budget", "min_prob"), [(1, 0.0), (5, 0.0), (12, 0.0), (12, 0.05), (40, 0.0)])
+def test_the_dynamic_tree_is_the_budget_s_most_probable_paths_best_first(budget, min_prob):
+    from spec_decode.proposers.speculators.medusa.tree import dynamic_tree
+    from spec_decode.tree import check_tree
+
+    g = torch.Generator().manual_seed(budget)
+    top_probs = [sorted(torch.rand(4, generator=g).mul(0.9).tolist(), reverse=True) for _ in range(3)]
+    got = dynamic_tree(top_probs, budget, min_prob)
+    want, joint = _brute_force(top_probs, budget, min_prob)
+    assert got == want
+    assert all(joint[a] >= joint[b] for a, b in zip(got, got[1:]))
+    index = {p: i for i, p in enumerate(got)}
+    check_tree(list(range(len(got))), [-1 if len(p) == 1 else index[p[:-1]] for p in got])  # parents first
+
+
+def test_a_fixed_tree_keeps_its_first_nodes_that_the_heads_and_the_threshold_allow():
+    from spec_decode.proposers.speculators.medusa.tree import PUBLISHED_CHOICES, choices_tree, parse_choices
+
+    choices = parse_choices("mc_sim_7b_63")
+    assert choices is not None and len(choices) == 63 and choices[:4] == [(0,), (0, 0), (1,), (0, 1)]
+    assert choices == [tuple(p) for p in PUBLISHED_CHOICES["mc_sim_7b_63"]]
+    top = [[0.6, 0.3, 0.1], [0.5, 0.4, 0.1]]  # 2 heads, top 3: depth-3 paths and index 3+ are left out
+    assert choices_tree(choices, top, 6, 0.0) == [(0,), (0, 0), (1,), (0, 1), (2,), (1, 0)]
+    # (1,) joint 0.3 passes 0.2, its children 0.15 and 0.12 do not; (2,) 0.1 does not
+    assert choices_tree(choices, top, 8, 0.2) == [(0,), (0, 0), (1,), (0, 1)]
+    assert parse_choices("[[0], [0, 0], [1]]") == [(0,), (0, 0), (1,)] and parse_choices("dynamic") is None
+
+
+@pytest.mark.parametrize(("value", "why"), [("[[0, 0], [0]]", "before its parent"), ("[[0], [0]]", "twice"),
+                                            ("[[0], []]", "non-empty"), ("[[-1]]", ">= 0"), ("tree", "dynamic")])
+def test_bad_medusa_choices_are_refused_naming_the_parameter(value, why):
+    with pytest.raises(ValueError, match="medusa_choices") as err:
+        SpeculatorSettings.from_params({"medusa_choices": value})
+    assert why in str(err.value)
+
+
+@pytest.mark.parametrize("choices", ["dynamic", "mc_sim_7b_63"])
+def test_a_tree_request_gets_the_heads_top_k_combined(target, tmp_path, choices):
+    """draft_tree: the proposal is the tree of the heads' top-k tokens that the rule picks (no draft_probs), at most k
+    nodes; a chain request of the same state gets the chain of each head's argmax, which is the tree's first path."""
+    from spec_decode.proposers.speculators.medusa.tree import choices_tree, dynamic_tree, parse_choices
+    from spec_decode.tree import path_tokens
+
+    head = load_medusa(write_medusa(tmp_path / "m", H, V, num_heads=3), target)
+    p = MedusaProposer(head, H, SpeculatorSettings(speculator_path="", speculator_min_token_prob=0.0,
+                                                   medusa_choices=choices))
+    states = _states(5, seed=3)
+    probs = torch.softmax(head(states[-1:])[:, 0], -1)  # [3, V]
+    top = torch.topk(probs, 6, dim=-1)
+    top_probs = top.values.double().tolist()
+    k = 6
+    paths = (dynamic_tree(top_probs, k, 0.0) if choices == "dynamic"
+             else choices_tree(parse_choices(choices), top_probs, k, 0.0))
+    tree = p.propose([ProposalRequest(1, list(range(6)), k, SamplingParams(), 0, states, tree=True)])[0]
+    assert tree.draft_probs is None and tree.draft_parents is not None and len(tree.draft_token_ids) == len(paths) == k
+    index = {q: i for i, q in enumerate(paths)}
+    assert tree.draft_parents.tolist() == [-1 if len(q) == 1 else index[q[:-1]] for q in paths]
+    assert tree.draft_token_ids.tolist() == [int(top.indices[len(q) - 1, q[-1]]) for q in paths]
+    chain = p.propose_one(1, list(range(6)), k, hidden_states=states)
+    assert chain.draft_parents is None and chain.draft_token_ids.tolist() == probs.argmax(-1).tolist()
+    rows = path_tokens(tree.draft_token_ids.tolist(), tree.draft_parents.tolist())
+    zeros = [i for i, q in enumerate(paths) if set(q) == {0}]  # the paths of each head's best: the chain's prefixes
+    assert zeros[0] == 0
+    for i in zeros:
+        assert rows[i + 1] == chain.draft_token_ids[: len(paths[i])].tolist()

@@ -36,16 +36,27 @@ class SpeculatorSettings(LMSettings):
         target_model_path: the target's folder (its sizes, and the weights a head shares with it); ``""``: the one
             target_model serves (draft_model reads it from target_model's config.pbtxt), ``default``: the embedded
             model.
+        medusa_choices: the tree a Medusa head drafts for a request that takes trees (``draft_tree``): ``dynamic``
+            (the paths of its heads' top-k of highest joint probability), a published tree's name (``mc_sim_7b_63``)
+            or a JSON list of paths of top-k indices (:mod:`.medusa.tree`).
     """
 
     speculator_path: str = "auto"
     speculator_min_token_prob: float = 0.3
     target_model_path: str = ""
+    medusa_choices: str = "dynamic"
 
     def check(self) -> None:
-        """As :meth:`~spec_decode.settings.LMSettings.check`, and speculator_min_token_prob in [0, 1]."""
+        """As :meth:`~spec_decode.settings.LMSettings.check`, speculator_min_token_prob in [0, 1] and medusa_choices
+        one :func:`~.medusa.tree.parse_choices` reads."""
+        from .medusa.tree import parse_choices
+
         super().check()
         in_range("speculator_min_token_prob", self.speculator_min_token_prob, 0.0, 1.0)
+        try:
+            parse_choices(self.medusa_choices)
+        except ValueError as exc:
+            raise InvalidInputError("medusa_choices", str(exc).removeprefix("medusa_choices: ")) from None
 
     def target(self) -> TargetInfo:
         """The target's :class:`~.target.TargetInfo` (``""`` reads as ``default``).

@@ -8,10 +8,11 @@ import torch
 
 from ....sampling import NoisePurpose
 from ...base import Proposal, ProposalRequest, draft_token, slot_outcomes
-from ..base import HeadProposer
+from ..base import HeadProposer, SpeculatorSettings
 from ..target import TargetInfo
 from .model import MedusaHead
 from .published import load_medusa
+from .tree import TOP_K, choices_tree, dynamic_tree, parse_choices, tree_drafts
 
 
 class MedusaProposer(HeadProposer):
@@ -26,6 +27,11 @@ class MedusaProposer(HeadProposer):
     :func:`~spec_decode.proposers.base.confident`; its score is the sum of its drafts' running probabilities. A
     request without hidden states (its first step) gets no drafts. The heads keep no per-sequence state.
 
+    A request that takes trees (``draft_tree``, k >= 2) gets a candidate tree of at most k nodes instead, as Medusa's
+    authors verify one: combinations of its heads' top-k tokens chosen by ``medusa_choices`` (:mod:`.tree`: the paths
+    of highest joint probability, or a published fixed tree's first nodes), each node passing the confidence rule on
+    its joint probability.
+
     Args:
         head: a :class:`MedusaHead` (on its device and dtype).
         hidden_size: H, the target's hidden size.
@@ -34,6 +40,10 @@ class MedusaProposer(HeadProposer):
 
     name = "medusa"
     head: MedusaHead
+
+    def __init__(self, head: MedusaHead, hidden_size: int, settings: SpeculatorSettings):
+        super().__init__(head, hidden_size, settings)
+        self.choices = parse_choices(settings.medusa_choices)  # None: the dynamic tree
 
     @classmethod
     def load(cls, folder: Path, target: TargetInfo) -> MedusaHead:
@@ -56,11 +66,16 @@ class MedusaProposer(HeadProposer):
         live, states = self.last_states(requests, self.hidden_size)
         if not live or states is None:
             return out
-        ks = [min(requests[j].k, self.head.num_heads) for j in live]
+        # a tree's depth is the heads' (its node budget is k); a chain's length min(k, heads)
+        ks = [self.head.num_heads if self._as_tree(requests[j]) else min(requests[j].k, self.head.num_heads)
+              for j in live]
         logits = self.head(states, max(ks))  # [n', B, V] float32 on the head's device
         vocab = logits.shape[-1]
         for row, (j, k) in enumerate(zip(live, ks)):
             r = requests[j]
+            if self._as_tree(r):
+                out[j] = self._tree(logits[:k, row], r, vocab)
+                continue
             drafts: list[int] = []
             running, score = 1.0, 0.0
             for i in range(k):
@@ -77,3 +92,26 @@ class MedusaProposer(HeadProposer):
             if drafts:
                 out[j] = Proposal(torch.tensor(drafts, dtype=torch.int64), None, score)
         return out
+
+    def _as_tree(self, request: ProposalRequest) -> bool:
+        """Whether ``request`` is drafted as a candidate tree: it takes trees and has room for more than one node."""
+        return request.tree and request.k > 1 and self.head.num_heads > 0
+
+    def _tree(self, logits: torch.Tensor, request: ProposalRequest, vocab: int) -> Proposal:
+        """A candidate tree of at most ``request.k`` nodes from the heads' logits [n, V] (:mod:`.tree`): each head's
+        top-k after the request's processors and sampling transforms, read by the host in one copy, combined by
+        ``medusa_choices`` (the joint-probability rule, or a fixed tree's first nodes). Drafts without probabilities
+        (deterministic, as the chain's); a tree of one path is returned as a chain."""
+        probs = torch.stack([draft_token(logits[i], request, NoisePurpose.MEDUSA, i, [], None, self.grammar, vocab,
+                                         lazy=True)[1] for i in range(logits.shape[0])])
+        top = torch.topk(probs.float(), min(TOP_K, request.k, vocab), dim=-1)
+        host = torch.cat([top.values.double(), top.indices.double()], dim=-1).cpu().tolist()  # one copy
+        width = top.values.shape[-1]
+        top_probs = [row[:width] for row in host]
+        top_ids = [[int(x) for x in row[width:]] for row in host]
+        paths = (dynamic_tree(top_probs, request.k, self.min_token_prob) if self.choices is None
+                 else choices_tree(self.choices, top_probs, request.k, self.min_token_prob))
+        if not paths:
+            return Proposal.empty()
+        tokens, parents, score = tree_drafts(paths, top_ids, top_probs)
+        return Proposal.of(tokens, score, parents)
