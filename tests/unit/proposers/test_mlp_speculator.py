@@ -192,3 +192,46 @@ def test_load_errors_name_the_file_and_the_key(tmp_path, target, tiny_dir):
     with pytest.raises(SpeculatorLoadError, match="emb_dim"):
         MLPSpeculatorProposer.from_config(_settings(tmp_path / "hidden", tiny_dir), {})
     assert "48" in str(pytest.raises(SpeculatorLoadError, load_mlp_speculator, tmp_path / "hidden", target).value)
+
+
+# -- candidate trees (speculators/candidate_tree.py) ----------------------------------------------------------------
+
+
+def test_select_nodes_keeps_the_most_probable_closed_under_parents_ordered_by_depth():
+    from spec_decode.proposers.speculators.candidate_tree import Candidate, select_nodes
+
+    # the third: a sure child, tied with its parent (the shallower goes first)
+    cands = [Candidate(-1, 5, 0.6, 1), Candidate(-1, 7, 0.3, 1), Candidate(0, 9, 0.6, 2),
+             Candidate(0, 4, 0.2, 2), Candidate(1, 8, 0.25, 2), Candidate(2, 1, 0.5, 3)]
+    tokens, parents, score = select_nodes(cands, 4)
+    assert tokens == [5, 7, 9, 1] and parents == [-1, -1, 0, 2] and score == pytest.approx(0.6 + 0.3 + 0.6 + 0.5)
+    assert select_nodes(cands, 1) == ([5], [-1], pytest.approx(0.6))
+
+
+@pytest.mark.parametrize(("k", "min_prob"), [(8, 0.0), (3, 0.0), (8, 0.02)])
+def test_a_tree_request_gets_the_heads_top_k_expanded_and_reranked(folder, tiny_dir, k, min_prob):
+    """draft_tree: a tree of at most k nodes, no draft_probs; every node's token is among the TOP_K most probable of
+    its head position's distribution given its own path (the reference maths), every node's joint probability passes
+    the threshold, and the score is the sum of the nodes' joint probabilities."""
+    from spec_decode.proposers.speculators.candidate_tree import TOP_K
+    from spec_decode.tree import check_tree, path_tokens
+
+    p = MLPSpeculatorProposer.from_config(_settings(folder, tiny_dir, min_prob), {})
+    g = torch.Generator().manual_seed(k)
+    states = torch.randn(3, H, generator=g) * 2
+    ids = [5, 9, 11, 3]
+    (tree,) = p.propose([ProposalRequest(1, ids, k, SamplingParams(), 0, states, tree=True)])
+    drafts = tree.draft_token_ids.tolist()
+    parents = tree.draft_parents.tolist() if tree.draft_parents is not None else list(range(-1, len(drafts) - 1))
+    assert tree.draft_probs is None and 0 < len(drafts) <= k
+    check_tree(drafts, parents)
+    joints = []
+    for node, path in enumerate(path_tokens(drafts, parents)[1:]):
+        assert len(path) <= 3  # n_predict
+        dist = torch.softmax(reference(folder, states[-1:], torch.tensor([[ids[-1], *path[:-1]]]))[0], -1)
+        top = torch.topk(dist[len(path) - 1], TOP_K).indices.tolist()
+        assert path[-1] in top, (node, path)
+        joints.append(float(torch.prod(dist[torch.arange(len(path)), path])))
+    assert min(joints) >= min_prob and tree.score == pytest.approx(sum(joints), rel=1e-4)
+    if min_prob == 0.0:  # 3 positions x 4 children expanded: k nodes to keep (the most probable: a random head's
+        assert len(drafts) == k  # flat distributions keep shallow ones)

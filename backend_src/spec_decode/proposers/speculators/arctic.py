@@ -47,6 +47,7 @@ from torch import nn
 from ...sampling import NoisePurpose
 from ..base import Proposal, ProposalRequest
 from .base import HeadProposer
+from .candidate_tree import propose_heads
 from .checkpoint import SpeculatorLoadError, find_weights, load_weights, read_config, take
 from .mlp import (
     MLPConfig,
@@ -311,5 +312,6 @@ class ArcticProposer(HeadProposer):
 
     @torch.inference_mode()
     def propose(self, requests: list[ProposalRequest]) -> list[Proposal]:
-        """:func:`~.mlp.propose_chain` with Arctic's noise (``NoisePurpose.ARCTIC``)."""
-        return propose_chain(self, requests, NoisePurpose.ARCTIC)
+        """:func:`~.mlp.propose_chain` with Arctic's noise (``NoisePurpose.ARCTIC``); a request that takes trees gets a
+        candidate tree (:func:`.candidate_tree.propose_heads`)."""
+        return propose_heads(self, requests, NoisePurpose.ARCTIC, propose_chain)

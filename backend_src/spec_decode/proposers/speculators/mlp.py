@@ -363,5 +363,8 @@ class MLPSpeculatorProposer(HeadProposer):
 
     @torch.inference_mode()
     def propose(self, requests: list[ProposalRequest]) -> list[Proposal]:
-        """:func:`propose_chain` with the MLP speculator's noise (``NoisePurpose.MLP_SPECULATOR``)."""
-        return propose_chain(self, requests, NoisePurpose.MLP_SPECULATOR)
+        """:func:`propose_chain` with the MLP speculator's noise (``NoisePurpose.MLP_SPECULATOR``); a request that takes
+        trees gets a candidate tree (:func:`.candidate_tree.propose_heads`)."""
+        from .candidate_tree import propose_heads
+
+        return propose_heads(self, requests, NoisePurpose.MLP_SPECULATOR, propose_chain)
