@@ -123,7 +123,7 @@ def race(probs: torch.Tensor, exponential: torch.Tensor, lazy: bool = False) -> 
     it is drawn: it is copied to ``probs``' device, and the race runs there, in float32 as on the CPU). Returns the
     index as an int, or with ``lazy`` as a 0-dim int64 tensor on that device, not read by the host."""
     p = probs.float()
-    e = exponential.to(p.device, non_blocking=True)
+    e = exponential.to(p.device)
     best = torch.argmax(torch.where(p > 0, p / e, torch.full_like(p, -1.0)))
     return best if lazy else int(best)
 

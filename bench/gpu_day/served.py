@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import sys
@@ -75,7 +76,8 @@ def save_tokenizer(dest: Path = TOKENIZER_DIR) -> Path:
 
 def build_models(folder: Path, sizes: Sizes, device: str) -> dict[str, Path]:
     """A random Llama target (``sizes.llama``, seed 0, saved in bfloat16 with the tokenizer of
-    :data:`TOKENIZER_DIR`) and a random EAGLE-3 head over it (:func:`bench.gpu_check.speculators.write_eagle3`).
+    :data:`TOKENIZER_DIR`, or of the folder ``SPEC_DECODE_GPU_DAY_TOKENIZER`` names) and a random EAGLE-3 head over it
+    (:func:`bench.gpu_check.speculators.write_eagle3`).
 
     Returns:
         {"target": folder, "eagle3": folder}.
@@ -88,11 +90,12 @@ def build_models(folder: Path, sizes: Sizes, device: str) -> dict[str, Path]:
 
     from bench.gpu_check.speculators import write_eagle3
 
-    if not (TOKENIZER_DIR / "tokenizer.json").is_file():
+    tokenizer = Path(os.environ.get("SPEC_DECODE_GPU_DAY_TOKENIZER", TOKENIZER_DIR))
+    if not (tokenizer / "tokenizer.json").is_file():
         try:
-            save_tokenizer()  # where the embedded model's package is installed (here, not on the GPU machine)
+            save_tokenizer(tokenizer)  # where the embedded model's package is installed (not on the GPU machine)
         except Exception as exc:
-            raise FileNotFoundError(f"{TOKENIZER_DIR}: no tokenizer (python -m bench.gpu_day.bundle saves it)") from exc
+            raise FileNotFoundError(f"{tokenizer}: no tokenizer (python -m bench.gpu_day.bundle saves it)") from exc
     torch.manual_seed(0)
     cfg = LlamaConfig(**sizes.llama, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
                       pad_token_id=None)
@@ -100,7 +103,7 @@ def build_models(folder: Path, sizes: Sizes, device: str) -> dict[str, Path]:
         target = LlamaForCausalLM(cfg)
     paths = {"target": folder / "target", "eagle3": folder / "eagle3"}
     target.to(torch.bfloat16).save_pretrained(paths["target"])  # type: ignore[arg-type]
-    for f in TOKENIZER_DIR.iterdir():
+    for f in tokenizer.iterdir():
         shutil.copy2(f, paths["target"])
     lm_head = target.get_output_embeddings().weight
     write_eagle3(paths["eagle3"], sizes.llama, lm_head)
@@ -282,8 +285,6 @@ def serve_and_measure(repo: Path, log: Path, texts: list[str], ref: list[list[in
 
 def served(device: str, bundle: Path | None, out: Path) -> dict:
     """The part (module docstring). Returns its JSON; ``failures`` lists what failed (empty: passed)."""
-    import os
-
     import torch
 
     from spec_decode.engine.model_loading import load_tokenizer

@@ -181,7 +181,7 @@ def argmax_to_host(rows: list[dict]) -> list[dict]:
     if not picked:
         return rows
     parts = [t.reshape(-1).double() for i in picked for t in (rows[i]["target_argmax"], rows[i]["target_argmax_probs"])]
-    host = torch.cat(parts).cpu().numpy()
+    host = torch.cat([t.to(parts[0].device) for t in parts]).cpu().numpy()  # a direct caller may mix devices
     out, offset = list(rows), 0
     for i in picked:
         a, p = rows[i]["target_argmax"], rows[i]["target_argmax_probs"]

@@ -22,10 +22,14 @@ def _env() -> dict[str, str]:
 
 
 def test_cpu_mode_served_part_passes(tmp_path):
+    from bench.gpu_day.served import save_tokenizer
+
     out = tmp_path / "gpu_day.json"
+    # the tokenizer that travels in build/gpu_day (made here: the embedded model's package is hidden in the part)
+    env = {**_env(), "SPEC_DECODE_GPU_DAY_TOKENIZER": str(save_tokenizer(tmp_path / "tokenizer"))}
     proc = subprocess.run([sys.executable, "-m", "bench.gpu_day", "--device", "cpu", "--output", str(out),
                            "--parts", "served"],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path, env=_env())
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
     res = json.loads(out.read_text())
     assert {n: p["status"] for n, p in res["parts"].items()} == {"served": "passed"}, \
         proc.stdout[-4000:] + proc.stderr[-4000:]
