@@ -294,7 +294,7 @@ def served(device: str, bundle: Path | None, out: Path) -> dict:
     torch.set_float32_matmul_precision("highest")
     sizes = CUDA_SIZES if device == "cuda" else CPU_SIZES
     res: dict = {"device": device, "config": sizes.llama, "k": K, "max_tokens": sizes.max_tokens, "failures": [],
-                 "runs": [], "stages": []}
+                 "runs": []}
     work = Path(tempfile.mkdtemp(prefix="gpu_day_served_"))
     work_repos: list[Path] = []
     fail = res["failures"].append
