@@ -132,13 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=540.0, help="seconds for every part together (default 540)")
     ap.add_argument("--parts", nargs="+", choices=[p.name for p in PARTS], default=[p.name for p in PARTS])
     args = ap.parse_args(argv)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    result: dict = {"device": args.device, "budget_s": args.budget_s, "bundle": BUNDLE.is_file(), "parts": {},
+                    "passed": False}
+    args.output.write_text(json.dumps(result, indent=2))  # a run that dies before any part leaves a failing JSON
     if args.device == "auto":
         import torch
 
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+        args.device = result["device"] = "cuda" if torch.cuda.is_available() else "cpu"
     start = time.perf_counter()
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    result: dict = {"device": args.device, "budget_s": args.budget_s, "bundle": BUNDLE.is_file(), "parts": {}}
     for part in (p for p in PARTS if p.name in args.parts):
         left = args.budget_s - (time.perf_counter() - start)
         if left < MIN_PART_S:

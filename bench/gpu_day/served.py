@@ -324,7 +324,8 @@ def served(device: str, bundle: Path | None, out: Path) -> dict:
         for gpu_instances in ((True, False) if device == "cuda" else (False,)):
             repo = repository(paths, device, gpu_instances)
             work_repos.append(repo)
-            log = out.with_name(f"{out.stem}.{'kind_gpu' if gpu_instances else 'kind_cpu'}.server.log")
+            kind = "cpu" if device != "cuda" else "kind_gpu" if gpu_instances else "kind_cpu"
+            log = out.with_name(f"{out.stem}.{kind}.server.log")
             res["instances"] = "KIND_GPU on GPU 0" if gpu_instances else f"KIND_CPU, device {device}"
             if serve_and_measure(repo, log, texts, ref, sizes, res, fail):
                 break
