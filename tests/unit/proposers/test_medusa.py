@@ -312,12 +312,20 @@ def test_a_fixed_tree_keeps_its_first_nodes_that_the_heads_and_the_threshold_all
     assert parse_choices("[[0], [0, 0], [1]]") == [(0,), (0, 0), (1,)] and parse_choices("dynamic") is None
 
 
-@pytest.mark.parametrize(("value", "why"), [("[[0, 0], [0]]", "before its parent"), ("[[0], [0]]", "twice"),
-                                            ("[[0], []]", "non-empty"), ("[[-1]]", ">= 0"), ("tree", "dynamic")])
-def test_bad_medusa_choices_are_refused_naming_the_parameter(value, why):
+@pytest.mark.parametrize(("value", "why"), [
+    ("[[0, 0], [0]]", "before its parent"), ("[[0], [0]]", "twice"), ("[[0], []]", "non-empty"),
+    ("[[-1]]", "in [0, 10)"), ("[[10]]", "in [0, 10)"), ("[[true]]", "in [0, 10)"), ("[]", "non-empty JSON list"),
+    ("tree", "dynamic"), ("{\"a\": 1}", "mc_sim_7b_63")])
+def test_bad_medusa_choices_are_refused_naming_the_parameter_and_what_is_allowed(value, why):
     with pytest.raises(ValueError, match="medusa_choices") as err:
         SpeculatorSettings.from_params({"medusa_choices": value})
     assert why in str(err.value)
+
+
+def test_a_long_path_out_of_order_is_named_short():
+    with pytest.raises(ValueError, match=r"\(5001 indices\)") as err:
+        SpeculatorSettings.from_params({"medusa_choices": str([[0] * 5001])})
+    assert len(str(err.value)) < 300
 
 
 @pytest.mark.parametrize("choices", ["dynamic", "mc_sim_7b_63"])
@@ -349,3 +357,9 @@ def test_a_tree_request_gets_the_heads_top_k_combined(target, tmp_path, choices)
     assert zeros[0] == 0
     for i in zeros:
         assert rows[i + 1] == chain.draft_token_ids[: len(paths[i])].tolist()
+
+
+def test_a_fixed_tree_deeper_than_the_heads_is_warned_about(target, tmp_path, caplog):
+    head = load_medusa(write_medusa(tmp_path / "m", H, V, num_heads=3), target)
+    MedusaProposer(head, H, SpeculatorSettings(speculator_path="", medusa_choices="mc_sim_7b_63"))
+    assert "2 of its 63 paths are deeper than this head's 3 heads" in caplog.text  # [0,0,0,0] and [0,0,0,1]

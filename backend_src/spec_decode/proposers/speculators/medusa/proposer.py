@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -13,6 +14,8 @@ from ..target import TargetInfo
 from .model import MedusaHead
 from .published import load_medusa
 from .tree import TOP_K, choices_tree, dynamic_tree, parse_choices, tree_drafts
+
+logger = logging.getLogger(__name__)
 
 
 class MedusaProposer(HeadProposer):
@@ -44,6 +47,11 @@ class MedusaProposer(HeadProposer):
     def __init__(self, head: MedusaHead, hidden_size: int, settings: SpeculatorSettings):
         super().__init__(head, hidden_size, settings)
         self.choices = parse_choices(settings.medusa_choices)  # None: the dynamic tree
+        deep = [p for p in self.choices or () if len(p) > head.num_heads]
+        if deep:
+            logger.warning("medusa_choices: %d of its %d paths are deeper than this head's %d heads and are never "
+                           "drafted (the first: %s)", len(deep), len(self.choices or ()), head.num_heads,
+                           list(deep[0])[:8])
 
     @classmethod
     def load(cls, folder: Path, target: TargetInfo) -> MedusaHead:
@@ -104,7 +112,7 @@ class MedusaProposer(HeadProposer):
         (deterministic, as the chain's); a tree of one path is returned as a chain."""
         probs = torch.stack([draft_token(logits[i], request, NoisePurpose.MEDUSA, i, [], None, self.grammar, vocab,
                                          lazy=True)[1] for i in range(logits.shape[0])])
-        top = torch.topk(probs.float(), min(TOP_K, request.k, vocab), dim=-1)
+        top = torch.topk(probs.float(), min(TOP_K, vocab), dim=-1)
         host = torch.cat([top.values.double(), top.indices.double()], dim=-1).cpu().tolist()  # one copy
         width = top.values.shape[-1]
         top_probs = [row[:width] for row in host]

@@ -34,7 +34,7 @@ PUBLISHED_CHOICES: dict[str, list[list[int]]] = {
 
 DYNAMIC = "dynamic"
 TOP_K = 10
-"""The most children a node of a dynamic tree may have (each head's top-k considered; the published trees use 10)."""
+"""Each head's top-k that a tree draws from (the published trees use indices 0-9)."""
 
 
 def parse_choices(value: str) -> list[Path] | None:
@@ -42,8 +42,9 @@ def parse_choices(value: str) -> list[Path] | None:
     (:data:`PUBLISHED_CHOICES`), or a JSON list of paths of top-k indices (``[[0], [0, 0], [1]]``).
 
     Raises:
-        ValueError: not one of those, or paths that are not a tree in topological order (a path whose parent is not
-            listed before it, a repeated path, an empty path or a negative index).
+        ValueError: not one of those; an empty list; or paths that are not a tree in topological order (a path whose
+            parent is not listed before it, a repeated path, an empty path, an index that is not an integer in
+            [0, :data:`TOP_K`)).
     """
     value = value.strip()
     if value == DYNAMIC:
@@ -56,19 +57,25 @@ def parse_choices(value: str) -> list[Path] | None:
         except json.JSONDecodeError:
             raise ValueError(f"medusa_choices must be {DYNAMIC!r}, one of {sorted(PUBLISHED_CHOICES)} or a JSON list "
                              f"of paths of top-k indices, got {value[:60]!r}") from None
-    if not isinstance(raw, list) or not all(isinstance(p, list) and p and all(isinstance(c, int) and c >= 0
-                                                                               for c in p) for p in raw):
-        raise ValueError("medusa_choices: a JSON list of non-empty lists of top-k indices >= 0, e.g. "
-                         "[[0], [0, 0], [1]]")
+    allowed = (f"{DYNAMIC!r}, one of {sorted(PUBLISHED_CHOICES)} or a non-empty JSON list of non-empty lists of "
+               f"top-k indices in [0, {TOP_K}), each after its parent, e.g. [[0], [0, 0], [1]]")
+    if not isinstance(raw, list) or not raw or not all(
+            isinstance(p, list) and p and all(type(c) is int and 0 <= c < TOP_K for c in p) for p in raw):
+        raise ValueError(f"medusa_choices: must be {allowed}")
     paths = [tuple(p) for p in raw]
     seen: set[Path] = set()
     for p in paths:
         if p in seen:
-            raise ValueError(f"medusa_choices: the path {list(p)} is listed twice")
+            raise ValueError(f"medusa_choices: the path {_short(p)} is listed twice")
         if len(p) > 1 and p[:-1] not in seen:
-            raise ValueError(f"medusa_choices: the path {list(p)} comes before its parent {list(p[:-1])}")
+            raise ValueError(f"medusa_choices: the path {_short(p)} comes before its parent {_short(p[:-1])}")
         seen.add(p)
     return paths
+
+
+def _short(path: Path) -> str:
+    """A path for a message, cut to its first 8 indices."""
+    return str(list(path)) if len(path) <= 8 else f"[{', '.join(map(str, path[:8]))}, ... ({len(path)} indices)]"
 
 
 def _joint(path: Path, top_probs: Sequence[Sequence[float]]) -> float:
