@@ -310,6 +310,15 @@ def slot_outcomes(picks: list[tuple[int | torch.Tensor, torch.Tensor]], running:
     return [(int(t), bool(ok), prob) for t, ok, prob in host]
 
 
+def top_k_to_host(probs: torch.Tensor, k: int) -> tuple[list[list[float]], list[list[int]]]:
+    """Each row's ``k`` most probable entries of ``probs`` [R, N] (any float dtype and device), read by the host in
+    one copy (ids beside probabilities in float64, which holds both exactly): (probabilities [R][k] in decreasing
+    order, their indices [R][k]). The candidate trees of the heads read their top-k this way."""
+    top = torch.topk(probs.float(), k, dim=-1)
+    host = torch.cat([top.values.double(), top.indices.double()], dim=-1).cpu().tolist()
+    return [row[:k] for row in host], [[int(x) for x in row[k:]] for row in host]
+
+
 def confident(running: float, probs: torch.Tensor, min_token_prob: float) -> bool:
     """Whether a step drafts its next slot: ``running`` (the product of its drafts' probabilities so far) times the
     slot's top probability is >= ``min_token_prob``, and ``probs`` [N] is finite (dynamic draft length: EAGLE-2's

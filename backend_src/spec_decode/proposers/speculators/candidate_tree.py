@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ...sampling import NoisePurpose
-from ..base import Proposal, ProposalRequest, draft_token
+from ..base import Proposal, ProposalRequest, draft_token, top_k_to_host
 from .base import HeadProposer
 
 TOP_K = 4
@@ -78,12 +78,11 @@ def propose_tree(proposer: HeadProposer, request: ProposalRequest, purpose: Nois
         logits, carry = head.step(i, carry, torch.tensor(tokens, dtype=torch.int64, device=dev))
         probs = torch.stack([draft_token(logits[row], request, purpose, i, _path(candidates, f), None,
                                          proposer.grammar, vocab, lazy=True)[1] for row, f in enumerate(frontier)])
-        top = torch.topk(probs.float(), width, dim=-1)
-        host = torch.cat([top.values.double(), top.indices.double()], dim=-1).cpu().tolist()  # one copy per position
+        top_probs, top_ids = top_k_to_host(probs, width)  # one copy per position
         children = []
         for row, f in enumerate(frontier):
             base = 1.0 if f < 0 else candidates[f].joint
-            children += [(base * p, row, f, int(t)) for p, t in zip(host[row][:width], host[row][width:])]
+            children += [(base * p, row, f, t) for p, t in zip(top_probs[row], top_ids[row])]
         children = [c for c in sorted(children, key=lambda c: -c[0]) if c[0] >= proposer.min_token_prob][:width]
         if not children:
             break

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from ....sampling import NoisePurpose
-from ...base import Proposal, ProposalRequest, draft_token, slot_outcomes
+from ...base import Proposal, ProposalRequest, draft_token, slot_outcomes, top_k_to_host
 from ..base import HeadProposer, SpeculatorSettings
 from ..target import TargetInfo
 from .model import MedusaHead
@@ -112,11 +112,7 @@ class MedusaProposer(HeadProposer):
         (deterministic, as the chain's); a tree of one path is returned as a chain."""
         probs = torch.stack([draft_token(logits[i], request, NoisePurpose.MEDUSA, i, [], None, self.grammar, vocab,
                                          lazy=True)[1] for i in range(logits.shape[0])])
-        top = torch.topk(probs.float(), min(TOP_K, vocab), dim=-1)
-        host = torch.cat([top.values.double(), top.indices.double()], dim=-1).cpu().tolist()  # one copy
-        width = top.values.shape[-1]
-        top_probs = [row[:width] for row in host]
-        top_ids = [[int(x) for x in row[width:]] for row in host]
+        top_probs, top_ids = top_k_to_host(probs, min(TOP_K, vocab))
         paths = (dynamic_tree(top_probs, request.k, self.min_token_prob) if self.choices is None
                  else choices_tree(self.choices, top_probs, request.k, self.min_token_prob))
         if not paths:
