@@ -23,18 +23,13 @@ import torch.nn.functional as F
 PRIORITY = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
 """The kernels in the order tried (PyTorch's default order for these, cuDNN aside)."""
 
-_ROOT = Path(__file__).resolve().parents[2]
-
 
 def _site() -> str:
-    import traceback
+    from .sync_sentinel import project_frame
 
-    for frame in reversed(traceback.extract_stack()[:-2]):
-        path = Path(frame.filename)
-        if path.is_relative_to(_ROOT) and path.name != "attention.py" and ".venv" not in path.parts:
-            return f"{path.relative_to(_ROOT)}:{frame.name}"
-    # transformers' own attention (the decoder layers of the target and the draft LM)
-    return "transformers sdpa_attention_forward"
+    frame = project_frame(Path(__file__).resolve())
+    # none: transformers' own attention (the decoder layers of the target and the draft LM)
+    return "transformers sdpa_attention_forward" if frame is None else f"{frame[0]}:{frame[2]}"
 
 
 def _describe(args: tuple, kwargs: dict) -> dict:

@@ -53,13 +53,22 @@ class SyncEvent:
     function: str = "?"
 
 
-def _event(what: str) -> SyncEvent:
-    for frame in reversed(traceback.extract_stack()[:-2]):
+def project_frame(skip: Path) -> tuple[Path, int, str] | None:
+    """The innermost frame of the caller's stack in the repository's own code (not the virtual environment, not the
+    file ``skip``): (its path relative to the repository, line, function), or None when there is none."""
+    for frame in reversed(traceback.extract_stack()[:-1]):
         path = Path(frame.filename)
-        if path.is_relative_to(_ROOT) and path != _HERE and ".venv" not in path.parts:
-            rel = path.relative_to(_ROOT)
-            return SyncEvent(what, f"{rel}:{frame.lineno}", f"{rel}:{frame.name}")
-    return SyncEvent(what, "?")
+        if path.is_relative_to(_ROOT) and path != skip and ".venv" not in path.parts:
+            return path.relative_to(_ROOT), frame.lineno or 0, frame.name
+    return None
+
+
+def _event(what: str) -> SyncEvent:
+    frame = project_frame(_HERE)
+    if frame is None:
+        return SyncEvent(what, "?")
+    rel, line, name = frame
+    return SyncEvent(what, f"{rel}:{line}", f"{rel}:{name}")
 
 
 class SyncSentinel(TorchDispatchMode):
@@ -241,4 +250,4 @@ def round_syncs(ensembles: dict, prompts: list[list[int]], cuda: bool, warm_roun
         ens.release([StepInputs(s, ids[i], 0, method, params, warm_rounds + 1) for i, s in enumerate(seqs)])
     return out
 __all__ = ["DEVICE_HOLDERS", "HOST_COPIES", "ROUND_KINDS", "SYNC_OPS", "SyncEvent", "SyncSentinel",
-           "device_tensors_of", "round_syncs"]
+           "device_tensors_of", "project_frame", "round_syncs"]
