@@ -118,20 +118,15 @@ def prompts(chars: int) -> list[str]:
 
 
 def reference(target: Path, prompt_ids: list[list[int]], max_tokens: int, device: str) -> list[list[int]]:
-    """transformers' greedy decoding of each prompt (float32 on ``device``), ``max_tokens`` new ids each."""
+    """transformers' greedy decoding of each prompt (float32 on ``device``), ``max_tokens`` new ids each
+    (:func:`bench.gpu_check.decoding.reference`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    from bench.gpu_check.decoding import reference as greedy
+
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).to(device).eval()  # type: ignore[arg-type]
-    out = []
-    with torch.inference_mode():
-        for p in prompt_ids:
-            ids = torch.tensor([p], device=device)
-            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                                 min_new_tokens=max_tokens, do_sample=False, pad_token_id=0)
-            out.append(gen[0, len(p):].tolist())
-    del model
-    return out
+    return greedy(model, prompt_ids, max_tokens)
 
 
 def step_params(paths: dict[str, Path], device: str) -> tuple[dict[str, str], dict[str, str]]:
