@@ -337,7 +337,7 @@ def coupled_sample(
     seed_list, pos_list = seeds.tolist(), positions.tolist()
     # every position a row may reach (up to its first -1 placeholder, and the bonus) raced in one call, one row per
     # (row, position), each with its own seed: the host reads the drafts once and the tokens once, not per position
-    spans = [next((i for i, d in enumerate(row) if d < 0), k1 - 1) + 1 for row in drafts] if k1 > 1 else [1] * b
+    spans = [next((i for i, d in enumerate(row) if d < 0), k1 - 1) + 1 for row in drafts]
     pairs = [(r, i) for r in range(b) for i in range(spans[r])]
     out_rows = [[-1] * k1 for _ in range(b)]
     if pairs:
