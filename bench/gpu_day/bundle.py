@@ -31,22 +31,12 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from spec_decode.launcher.embedded import pytriton_root
+
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLE_NAME = "tritonserver.tar.xz"
 SITE_PACKAGES = ("prometheus_client",)
 """Pure-Python packages that travel beside the bundle (``site/``), for the served part's metrics."""
-
-
-def pytriton_root() -> Path:
-    """The installed ``pytriton`` package's folder.
-
-    Raises:
-        FileNotFoundError: nvidia-pytriton is not installed (``make setup`` installs it).
-    """
-    spec = importlib.util.find_spec("pytriton")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("nvidia-pytriton is not installed: run make setup")
-    return Path(list(spec.submodule_search_locations)[0])
 
 
 def linked_libraries(files: list[Path], libs: Path) -> list[Path]:

@@ -18,10 +18,15 @@ from pathlib import Path
 from ..engine.model_loading import cache_dir
 
 
-def _pytriton_root() -> Path:
+def pytriton_root() -> Path:
+    """The installed ``pytriton`` package's folder (its ``tritonserver``; its libraries beside it).
+
+    Raises:
+        FileNotFoundError: nvidia-pytriton is not installed (``make setup`` installs it).
+    """
     spec = importlib.util.find_spec("pytriton")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("nvidia-pytriton is not installed and no tritonserver is on PATH")
+        raise FileNotFoundError("nvidia-pytriton is not installed (make setup installs it)")
     return Path(list(spec.submodule_search_locations)[0])
 
 
@@ -34,7 +39,7 @@ def embedded_server_dir() -> Path:
     Raises:
         FileNotFoundError: nvidia-pytriton is not installed.
     """
-    root = _pytriton_root() / "tritonserver"
+    root = pytriton_root() / "tritonserver"
     dest = cache_dir() / f"tritonserver-py{sys.version_info.major}.{sys.version_info.minor}"
     stub = (root / "python_backend_stubs" / f"{sys.version_info.major}.{sys.version_info.minor}"
             / "triton_python_backend_stub")
@@ -78,7 +83,7 @@ def server_command() -> tuple[list[str], dict[str, str]]:
         if on_path and os.environ.get("SPEC_DECODE_EMBEDDED_SERVER") != "1":
             return [on_path], env
         d = embedded_server_dir()
-        libs = [str(_pytriton_root().parent / "nvidia_pytriton.libs")]
+        libs = [str(pytriton_root().parent / "nvidia_pytriton.libs")]
     # The stub links libpython3.X.so.1.0: make it load the same libpython as this interpreter (whose stdlib the venv
     # uses), not whichever the system has, or extension modules fail with undefined symbols.
     libdir = sysconfig.get_config_var("LIBDIR")
