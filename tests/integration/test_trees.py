@@ -12,7 +12,7 @@ from client.metrics import scrape, value, wait_for
 
 N_TOKENS = 32  # a prefix of the 64 tokens greedy_references (conftest.py) holds per prompt
 # the proposers that draft trees (hybrid: suffix's, or n-gram's merged; the heads: their top-k combined)
-HEAD_TREE_METHODS = ("medusa", "mlp_speculator", "arctic")
+HEAD_TREE_METHODS = ("eagle", "eagle3", "medusa", "mlp_speculator", "arctic")
 TREE_METHODS = ("suffix", "ngram", "hybrid", *HEAD_TREE_METHODS)
 
 
@@ -57,9 +57,10 @@ def test_greedy_with_trees_and_chains_equals_target_greedy_alone_and_concurrentl
 
 @pytest.mark.parametrize("method", HEAD_TREE_METHODS)
 def test_head_candidate_trees_equal_target_greedy_alone_and_concurrently(server, greedy_references, method):
-    """A head (random weights, drafting every node: speculator_min_token_prob 0) drafts candidate trees of its heads'
-    top-k (Medusa: medusa_choices dynamic; the MLP and Arctic speculators: expanded and reranked); greedy output with
-    trees is the target's own, 3 streams at once, and the tree steps are counted."""
+    """A head (random weights, drafting every node: speculator_min_token_prob 0; the EAGLE-3 head trained at a tiny
+    size) drafts candidate trees of its heads' top-k (Medusa: medusa_choices dynamic; EAGLE's heads, the MLP and
+    Arctic speculators: EAGLE-2's expansion and rerank); greedy output with trees is the target's own, 3 streams at
+    once, and the tree steps are counted."""
     before = scrape(server.metrics_url)
     jobs = greedy_references[:3]
     with ThreadPoolExecutor(len(jobs)) as pool:

@@ -264,13 +264,7 @@ def draft_token(logits: torch.Tensor, request: ProposalRequest, purpose: NoisePu
     Raises:
         ValueError: from the grammar (:func:`~spec_decode.processors.process_logits`).
     """
-    spec = request.processors
-    if spec is not None and spec.changes_logits:
-        if spec.guide_type and grammar is None:
-            spec = replace(spec, guide_type="", guide="")
-        logits = process_logits(logits[None], spec, list(request.token_ids) + list(drafts or ()), (), grammar,
-                                request.seq_id, column_ids)[0]
-    probs = logits_to_probs(logits, request.params)
+    probs = draft_distribution(logits, request, drafts, column_ids, grammar)
     if request.params.is_greedy:
         best = torch.argmax(probs)
         return (best if lazy else int(best)), probs
@@ -281,6 +275,24 @@ def draft_token(logits: torch.Tensor, request: ProposalRequest, purpose: NoisePu
         e = coupled_exponentials(request.params.seed, request.position(slot), max(size, n if cols is None else 0))
         return race(probs, e[:n] if cols is None else e[cols], lazy), probs
     return sample_from(probs, generator_for(request.params.seed, request.step, purpose, slot)), probs
+
+
+def draft_distribution(logits: torch.Tensor, request: ProposalRequest, drafts: list[int] | None = None,
+                       column_ids: torch.Tensor | None = None, grammar: GrammarCache | None = None) -> torch.Tensor:
+    """A model proposer's distribution for one slot: ``logits`` [N] under the request's processors (the prefix being
+    ``token_ids + drafts``) and its temperature / top-k / top-p, -> probs [N] float32. What :func:`draft_token` draws
+    from, and what the candidate trees rank (they pick their nodes by probability and draw nothing).
+
+    Raises:
+        ValueError: from the grammar (:func:`~spec_decode.processors.process_logits`).
+    """
+    spec = request.processors
+    if spec is not None and spec.changes_logits:
+        if spec.guide_type and grammar is None:
+            spec = replace(spec, guide_type="", guide="")
+        logits = process_logits(logits[None], spec, list(request.token_ids) + list(drafts or ()), (), grammar,
+                                request.seq_id, column_ids)[0]
+    return logits_to_probs(logits, request.params)
 
 
 def slot_outcomes(picks: list[tuple[int | torch.Tensor, torch.Tensor]], running: list[float],

@@ -242,10 +242,12 @@ def test_sampled_drafts_come_from_the_distributions_they_return(head_dirs, tiny_
 
 # 0: every slot. The other threshold sits among each random head's confidences at the second slot, so whether a step
 # drafts it depends on the first sampled draft: the law must hold under that stopping rule too.
-@pytest.mark.parametrize("method, min_token_prob", [("eagle", 0.0), ("eagle", 0.00046), ("eagle3", 0.0),
-                                                    ("eagle3", 0.2)])
+# tree: the sampled requests take EAGLE-2's dynamic trees (deterministic nodes, verified as one-hot q).
+@pytest.mark.parametrize("method, min_token_prob, tree", [("eagle", 0.0, False), ("eagle", 0.00046, False),
+                                                          ("eagle3", 0.0, False), ("eagle3", 0.2, False),
+                                                          ("eagle3", 0.0, True)])
 def test_through_the_served_backends_greedy_output_is_the_target_s_and_sampled_output_its_law(
-        head_dirs, tiny_dir, tiny_lm, real_tokenizer, method, min_token_prob):
+        head_dirs, tiny_dir, tiny_lm, real_tokenizer, method, min_token_prob, tree):
     from spec_decode.generation import Generation
     from spec_decode.request import GenerationRequest
     from spec_decode.serving.draft_model import DraftBackend
@@ -260,7 +262,7 @@ def test_through_the_served_backends_greedy_output_is_the_target_s_and_sampled_o
     ens = LocalEnsemble(DraftBackend(params), target, VerifierBackend({"backend": "torch", "num_threads": "0"}))
 
     def run(seq, prompt, n, **kw):
-        req = GenerationRequest("x", n, speculative_method=method, num_draft_tokens=3, **kw)
+        req = GenerationRequest("x", n, speculative_method=method, num_draft_tokens=3, draft_tree=tree, **kw)
         gen = Generation(seq, prompt, req, real_tokenizer, [], 256, kw.get("random_seed", 0))
         while not gen.finished:
             (result,) = ens.run_round([gen.next_step()])
@@ -284,6 +286,7 @@ def test_through_the_served_backends_greedy_output_is_the_target_s_and_sampled_o
     counts = np.bincount([g.output_ids[1] for g in gens], minlength=97)
     drafted = {g.stats.draft_tokens for g in gens}  # the second step's drafts: 3 each, or fewer where the rule cut
     assert drafted == {3} if min_token_prob == 0 else len(drafted) > 1, drafted
+
     big = marginal * n >= 5  # the rest pooled into one bin
     observed, expected = counts[big], marginal[big] * n
     if (~big).any():

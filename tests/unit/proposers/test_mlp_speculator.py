@@ -210,10 +210,9 @@ def test_select_nodes_keeps_the_most_probable_closed_under_parents_ordered_by_de
 
 @pytest.mark.parametrize(("k", "min_prob"), [(8, 0.0), (3, 0.0), (8, 0.02)])
 def test_a_tree_request_gets_the_heads_top_k_expanded_and_reranked(folder, tiny_dir, k, min_prob):
-    """draft_tree: a tree of at most k nodes, no draft_probs; every node's token is among the TOP_K most probable of
-    its head position's distribution given its own path (the reference maths), every node's joint probability passes
+    """draft_tree: a tree of at most k nodes, no draft_probs; every node's token is among the tree_top_k most probable
+    of its head position's distribution given its own path (the reference maths), every node's joint probability passes
     the threshold, and the score is the sum of the nodes' joint probabilities."""
-    from spec_decode.proposers.speculators.candidate_tree import TOP_K
     from spec_decode.tree import check_tree, path_tokens
 
     p = MLPSpeculatorProposer.from_config(_settings(folder, tiny_dir, min_prob), {})
@@ -229,7 +228,7 @@ def test_a_tree_request_gets_the_heads_top_k_expanded_and_reranked(folder, tiny_
     for node, path in enumerate(path_tokens(drafts, parents)[1:]):
         assert len(path) <= 3  # n_predict
         dist = torch.softmax(reference(folder, states[-1:], torch.tensor([[ids[-1], *path[:-1]]]))[0], -1)
-        top = torch.topk(dist[len(path) - 1], TOP_K).indices.tolist()
+        top = torch.topk(dist[len(path) - 1], p.tree_top_k).indices.tolist()
         assert path[-1] in top, (node, path)
         joints.append(float(torch.prod(dist[torch.arange(len(path)), path])))
     assert min(joints) >= min_prob and tree.score == pytest.approx(sum(joints), rel=1e-4)

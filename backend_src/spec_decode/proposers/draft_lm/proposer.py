@@ -27,6 +27,7 @@ from ...sampling import NoisePurpose
 from ...settings import InvalidInputError, LMSettings, in_range
 from ..base import Proposal, ProposalRequest, Proposer, draft_token, slot_outcomes
 from .artifacts import draft_lm_configured, resolve_draft_path
+from .tree import draft_lm_trees
 
 
 @dataclass(frozen=True)
@@ -41,15 +42,24 @@ class DraftLMSettings(LMSettings):
         draft_min_token_prob: a step drafts its next slot while the product of its drafts' probabilities so far and
             the slot's top probability is >= this, in [0, 1]; 0 drafts every slot
             (:func:`~spec_decode.proposers.base.confident`).
+        draft_tree_top_k: a request that takes trees (``draft_tree``) branches into this many children where the
+            draft is unsure, and each level keeps this many nodes to expand (:mod:`.tree`), in [1, 10]; 1: chains.
+        draft_branch_prob: a node branches when its most probable child's probability is below this, in [0, 1]
+            (0: never, 1: always).
     """
 
     draft_model_path: str = "auto"
     draft_min_token_prob: float = 0.3
+    draft_tree_top_k: int = 2
+    draft_branch_prob: float = 0.8
 
     def check(self) -> None:
-        """As :meth:`~spec_decode.settings.LMSettings.check`, and draft_min_token_prob in [0, 1]."""
+        """As :meth:`~spec_decode.settings.LMSettings.check`, draft_min_token_prob and draft_branch_prob in [0, 1],
+        draft_tree_top_k in [1, 10]."""
         super().check()
         in_range("draft_min_token_prob", self.draft_min_token_prob, 0.0, 1.0)
+        in_range("draft_tree_top_k", self.draft_tree_top_k, 1, 10)
+        in_range("draft_branch_prob", self.draft_branch_prob, 0.0, 1.0)
 
 
 class DraftModelProposer(Proposer):
@@ -61,6 +71,8 @@ class DraftModelProposer(Proposer):
         min_token_prob: a step stops drafting at the first slot where (the product of its drafts' probabilities so far)
             x (the slot's top probability) falls below this; 0 drafts every slot
             (:func:`~spec_decode.proposers.base.confident`).
+        tree_top_k, branch_prob: the shape of the trees it drafts for requests that take them (:mod:`.tree`;
+            ``draft_tree_top_k``, ``draft_branch_prob``).
     """
 
     name = "draft"
@@ -78,10 +90,13 @@ class DraftModelProposer(Proposer):
                                                         "cached prefix's shared pages since start",
     }
 
-    def __init__(self, lm: CachedCausalLM, vocab: DraftVocab | None = None, min_token_prob: float = 0.0):
+    def __init__(self, lm: CachedCausalLM, vocab: DraftVocab | None = None, min_token_prob: float = 0.0,
+                 tree_top_k: int = DraftLMSettings.draft_tree_top_k,
+                 branch_prob: float = DraftLMSettings.draft_branch_prob):
         self.lm = lm
         self.vocab = vocab
         self.min_token_prob = min_token_prob
+        self.tree_top_k, self.branch_prob = tree_top_k, branch_prob
 
     @classmethod
     def configured(cls, settings: DraftLMSettings) -> bool:
@@ -99,7 +114,8 @@ class DraftModelProposer(Proposer):
         path = resolve_draft_path(settings.draft_model_path)
         if path is None:
             return None
-        return cls(load_cached_lm(path, settings), load_draft_vocab(path), settings.draft_min_token_prob)
+        return cls(load_cached_lm(path, settings), load_draft_vocab(path), settings.draft_min_token_prob,
+                   settings.draft_tree_top_k, settings.draft_branch_prob)
 
     def _draft_ids(self, token_ids: list[int]) -> list[int]:
         return self.vocab.map_ids(token_ids) if self.vocab is not None else list(token_ids)
@@ -124,7 +140,8 @@ class DraftModelProposer(Proposer):
         at each absolute position, others draw noise keyed by (seed, step, slot)) until k (capped by :meth:`room`:
         a sequence past the draft's positions drafts nothing, the others as before), or until the draft is unsure
         (``min_token_prob``): each draft position is one batched forward over the sequences that still draft
-        (:meth:`CachedCausalLM.logits_batch`).
+        (:meth:`CachedCausalLM.logits_batch`). A request that takes trees (``tree``, room for two nodes or more,
+        ``tree_top_k`` > 1) gets a tree that branches where the draft is unsure (:mod:`.tree`) instead.
 
         Returns:
             per request, draft_token_ids [k'] int64 and draft_probs [k', V] float32 on the draft's device (the same as
@@ -133,8 +150,21 @@ class DraftModelProposer(Proposer):
         Raises:
             ValueError: a token id outside the draft's vocabulary, or a repeated seq_id.
         """
-        vocab = self.vocab
         ks = [self.room(r) for r in requests]
+        trees = [j for j, (r, k) in enumerate(zip(requests, ks)) if r.tree and k > 1 and self.tree_top_k > 1]
+        if not trees:
+            return self._chains(requests, ks)
+        out = [Proposal.empty() for _ in requests]
+        chains = [j for j in range(len(requests)) if j not in set(trees)]
+        for part, drafted in ((chains, self._chains), (trees, lambda rs, ks: draft_lm_trees(self, rs, ks))):
+            if part:
+                for j, p in zip(part, drafted([requests[j] for j in part], [ks[j] for j in part])):
+                    out[j] = p
+        return out
+
+    def _chains(self, requests: list[ProposalRequest], ks: list[int]) -> list[Proposal]:
+        """Chains of up to ``ks[j]`` drafts (:meth:`propose`)."""
+        vocab = self.vocab
         ids = [self._draft_ids(r.token_ids) if k > 0 else [] for r, k in zip(requests, ks)]
         drafts: list[list[int]] = [[] for _ in requests]
         rows: list[list[torch.Tensor]] = [[] for _ in requests]

@@ -80,16 +80,19 @@ class HeadKV:
         return [pages[i // PAGE_SIZE] * PAGE_SIZE + i % PAGE_SIZE for i in range(first, first + n)]
 
     def attend_rows(self, attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    rows: list[tuple[EagleContext, int]]) -> torch.Tensor:
+                    rows: list[tuple[EagleContext, int]], visible: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Write the new pairs' keys and values after each context's ``length`` pairs and run one attention for
         every row: row r's t_r queries (its new pairs, packed in ``rows`` order) over its ``length + t_r`` pairs,
-        causally among the new ones. ``length`` is left as it was.
+        causally among the new ones, or where ``visible`` allows. ``length`` is left as it was.
 
         Args:
             attend: the head's ``attend(q [R, heads, T, D], keys [R, kv_heads, L, D], values, mask [R, 1, T, L])``
                 -> [R, T, heads x D].
             q: [1, heads, N, D] the packed queries; k, v: [1, kv_heads, N, D] the packed new keys and values.
             rows: per row, (its context, t_r); sum t_r = N.
+            visible: per row, [t_r, length + t_r] bool on the host: the pairs each new query attends to (a tree's
+                mask: the committed pairs, its ancestors among the drafted ones and itself, :mod:`.tree`); None:
+                causal.
 
         Returns:
             [N, heads x D] the attention outputs, packed as the queries.
@@ -115,11 +118,11 @@ class HeadKV:
             c, t = lengths[0]  # a view of the pool, no gather (the engine's span, kv_pool.PagedCache)
             first = table[0][0] * PAGE_SIZE
             kr, vr = (x[None, :, first : first + c + t] for x in (keys, values))
-            mask = torch.ones(t, c + t, dtype=torch.bool, device=dev).tril(c)[None, None]
+            mask = (torch.ones(t, c + t, dtype=torch.bool, device=dev).tril(c) if visible is None
+                    else visible[0].to(dev))[None, None]
             return attend(q.view(1, heads, t, d), kr, vr, mask).reshape(t, -1)
         sizes = torch.tensor(lengths, device=dev)
         past, ends = sizes[:, 0], sizes.sum(1)
-        cols = torch.arange(longest, device=dev)
         read = read_slots(torch.tensor(table, device=dev), ends, PAGE_SIZE, longest)  # [R, L]
         kr, vr = KVPool.gather(keys, read), KVPool.gather(values, read)
         ragged = any(t != widest for _, t in rows)
@@ -135,8 +138,16 @@ class HeadKV:
             qr = packed[torch.tensor(qidx, device=dev)].view(n_rows, widest, heads, d).transpose(1, 2)
         else:
             qr = q[0].view(heads, n_rows, widest, d).transpose(0, 1)
-        query_pos = past[:, None] + torch.arange(widest, device=dev)[None]  # [R, T]
-        mask = (cols[None, None] <= query_pos[:, :, None]) & (cols[None, None] < ends[:, None, None])
+        if visible is None:
+            query_pos = past[:, None] + torch.arange(widest, device=dev)[None]  # [R, T]
+            cols = torch.arange(longest, device=dev)
+            mask = (cols[None, None] <= query_pos[:, :, None]) & (cols[None, None] < ends[:, None, None])
+        else:  # built on the host, one copy; a padded query reads pair 0 (its output is dropped)
+            host = torch.zeros(n_rows, widest, longest, dtype=torch.bool)
+            host[:, :, 0] = True
+            for r, vis in enumerate(visible):
+                host[r, : vis.shape[0], : vis.shape[1]] = vis
+            mask = host.to(dev)
         att = attend(qr, kr, vr, mask[:, None])  # [R, T, heads x D]
         if not ragged:
             return att.reshape(n_rows * widest, -1)

@@ -27,6 +27,7 @@ from .eagle3 import Eagle3Head
 from .eagle3_published import load_eagle3
 from .model import EagleHead
 from .published import load_eagle1
+from .tree import draft_trees
 
 
 class EagleProposer(Proposer):
@@ -52,6 +53,8 @@ class EagleProposer(Proposer):
         vocab: its draft vocabulary over the target's.
         min_token_prob: the confidence under which a step stops drafting, in [0, 1].
         max_sequences: contexts kept (LRU), >= 1.
+        top_k: a tree's children per expanded node and frontier width per level (EAGLE-2's ``top_k``), >= 1.
+        depth: a tree's levels at most (EAGLE-2's ``depth``; 0: up to the node budget), >= 0.
     """
 
     name = "eagle"
@@ -65,8 +68,10 @@ class EagleProposer(Proposer):
     }
 
     def __init__(self, model: EagleHead | Eagle3Head, vocab: DraftVocab, min_token_prob: float = 0.0,
-                 max_sequences: int = 64):
+                 max_sequences: int = 64, top_k: int = SpeculatorSettings.tree_top_k,
+                 depth: int = SpeculatorSettings.tree_depth):
         self.model, self.vocab, self.min_token_prob = model, vocab, min_token_prob
+        self.top_k, self.depth = top_k, depth
         self._kv: HeadKV | None = None  # the contexts' keys and values, built at the first forward (device, dtype)
         self._contexts: SequenceLRU[EagleContext] = SequenceLRU(max_sequences, on_evict=self._evicted)
 
@@ -101,7 +106,8 @@ class EagleProposer(Proposer):
         if loaded is None:
             return None
         (model, vocab), _ = loaded
-        return cls(place_head(model, settings), vocab, settings.speculator_min_token_prob, settings.max_sequences)
+        return cls(place_head(model, settings), vocab, settings.speculator_min_token_prob, settings.max_sequences,
+                   settings.tree_top_k, settings.tree_depth)
 
     def check(self, request: ProposalRequest) -> None:
         """A request's hidden states must be [m, H x (1 + A)] with H the target's hidden size, m below the number of
@@ -120,14 +126,17 @@ class EagleProposer(Proposer):
         limit = self.model.max_positions
         return request.k if not limit else max(0, min(request.k, limit - len(request.token_ids)))
 
-    def _forward(self, rows: list[tuple[EagleContext, torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+    def _forward(self, rows: list[tuple[EagleContext, torch.Tensor, torch.Tensor]],
+                 visible: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """The layer over new pairs of several contexts (packed), each attending to its first ``length`` pairs and
-        causally to its new ones, whose keys and values are written after them in the head's pool (``length`` is left
-        as it was): one projection, one attention over every row's pages (:meth:`~.context.HeadKV.attend_rows`), one
-        MLP.
+        causally to its new ones (or where ``visible`` allows), whose keys and values are written after them in the
+        head's pool (``length`` is left as it was): one projection, one attention over every row's pages
+        (:meth:`~.context.HeadKV.attend_rows`), one MLP.
 
         Args:
             rows: per context, (ctx, z [T, H] the new pairs' inputs, positions [T]).
+            visible: per context, [T, length + T] bool on the host, the pairs each new one attends to (a tree's mask,
+                :func:`.tree.ancestor_mask`); None: causal.
 
         Returns:
             per context, the outputs [T, H].
@@ -137,7 +146,7 @@ class EagleProposer(Proposer):
         q, k, v = m.project(z, torch.cat([p for _, _, p in rows])[None])
         if self._kv is None:
             self._kv = HeadKV(m.kv_heads, m.head_dim, k.dtype, k.device)
-        att = self._kv.attend_rows(m.attend, q, k, v, [(ctx, x.shape[0]) for ctx, x, _ in rows])
+        att = self._kv.attend_rows(m.attend, q, k, v, [(ctx, x.shape[0]) for ctx, x, _ in rows], visible)
         out = m.finish(z, att[None])[0]
         return list(out.split([x.shape[0] for _, x, _ in rows]))
 
@@ -190,55 +199,78 @@ class EagleProposer(Proposer):
 
     @torch.inference_mode()
     def propose(self, requests: list[ProposalRequest]) -> list[Proposal]:
-        """Per request with hidden states, up to k drafts (capped by :meth:`room`; seeded sampled requests race the
-        target's coupled noise at each absolute position, :func:`~spec_decode.proposers.base.draft_token`);
-        draft_probs [k', V] float32 (the request's sampling transforms over the kept tokens, scattered back); score
-        the sum of the drafts' running probabilities."""
-        vocab = self.vocab
+        """Per request with hidden states, up to k drafts (capped by :meth:`room`): a chain (seeded sampled requests
+        race the target's coupled noise at each absolute position, :func:`~spec_decode.proposers.base.draft_token`;
+        draft_probs [k', V] float32, the request's sampling transforms over the kept tokens, scattered back; score the
+        sum of the drafts' running probabilities), or, for a request that takes trees with room for two nodes or
+        more, a dynamic tree of at most k nodes (:mod:`.tree`)."""
         ks = [self.room(r) for r in requests]
         live, ctxs, state = self._take_in(requests)  # only sequences with room: ks[j] >= 1 for each
-        drafts: list[list[int]] = [[] for _ in requests]
-        rows: list[list[torch.Tensor]] = [[] for _ in requests]
-        score = [0.0] * len(requests)
-        if live:
-            assert state is not None  # _take_in returns states for every live request
-            touched = list(zip(live, ctxs))
-            running = [1.0] * len(live)  # the product of the row's drafts' probabilities so far
-            for i in range(max(ks[j] for j in live)):
-                logits = self.model.logits(state)
-                keep, tokens = [], []
-                picks = [draft_token(logits[row], requests[j], self.purpose, i, drafts[j], vocab.token_ids,
-                                     self.grammar, vocab.target_vocab_size, lazy=True) for row, j in enumerate(live)]
-                # the slot's tokens, confidence and probabilities in one copy to the host
-                for (row, j), (_, probs), (tok, passes, p_tok) in zip(
-                        enumerate(live), picks, slot_outcomes(picks, running, self.min_token_prob)):
-                    if not passes:
-                        continue
-                    running[row] *= p_tok
-                    drafts[j].append(int(vocab.token_ids[tok]))
-                    rows[j].append(vocab.scatter(probs))
-                    score[j] += running[row]
-                    if len(drafts[j]) < ks[j] and running[row] >= self.min_token_prob:  # else no next slot can pass
-                        keep.append(row)
-                        tokens.append(drafts[j][-1] if self.model.embeds_target_ids else tok)
-                if not keep:
-                    break
-                # the drafted pairs (own state, drafted token) at positions n + i; their keys go after the context's
-                # pairs for the next draft and are overwritten by the next step's true pairs
-                dev = state.device
-                z = self.model.pair_inputs(state[keep], torch.tensor(tokens, device=dev))
-                step_rows = []
-                for at, row in enumerate(keep):
-                    r, ctx = requests[live[row]], ctxs[row]
-                    step_rows.append((ctx, z[at : at + 1], torch.tensor([len(r.token_ids) - 1 + i], device=dev)))
-                state = torch.cat(self._forward(step_rows))
-                for ctx, *_ in step_rows:
-                    ctx.length += 1
-                live, ctxs, running = [live[row] for row in keep], [ctxs[row] for row in keep], \
-                    [running[row] for row in keep]
-            for j, ctx in touched:  # drop the drafted pairs: only the committed ones stay
-                assert self._kv is not None  # _take_in ran a forward
-                self._kv.cut(ctx, len(requests[j].token_ids) - 1 - ctx.start)
+        out = [Proposal.empty() for _ in requests]
+        if not live:
+            return out
+        assert state is not None  # _take_in returns states for every live request
+        grow = [n for n, j in enumerate(live) if requests[j].tree and ks[j] > 1]
+        chains = [n for n in range(len(live)) if n not in set(grow)]
+        for part, drafted in ((chains, self._chains), (grow, self._trees)):
+            if part:
+                picked = torch.tensor(part, device=state.device)
+                for n, p in zip(part, drafted(requests, ks, [live[n] for n in part], [ctxs[n] for n in part],
+                                              state.index_select(0, picked))):
+                    out[live[n]] = p
+        for j, ctx in zip(live, ctxs):  # drop the drafted pairs: only the committed ones stay
+            assert self._kv is not None  # _take_in ran a forward
+            self._kv.cut(ctx, len(requests[j].token_ids) - 1 - ctx.start)
+        return out
+
+    def _trees(self, requests: list[ProposalRequest], ks: list[int], live: list[int], ctxs: list[EagleContext],
+               state: torch.Tensor) -> list[Proposal]:
+        """Dynamic trees for ``requests[live]`` (:func:`.tree.draft_trees`), ``depth`` levels at most (0: their
+        room)."""
+        depths = [min(ks[j], self.depth or ks[j]) for j in live]
+        return draft_trees(self, [requests[j] for j in live], ctxs, state, depths)
+
+    def _chains(self, requests: list[ProposalRequest], ks: list[int], live: list[int], ctxs: list[EagleContext],
+                state: torch.Tensor) -> list[Proposal]:
+        """Chains for ``requests[live]`` (contexts ``ctxs``, [R, H] the outputs of their last committed pairs): up to
+        ``ks[j]`` drafts each, one batched head forward per slot over the rows still drafting."""
+        vocab = self.vocab
+        drafts: list[list[int]] = [[] for _ in live]
+        rows: list[list[torch.Tensor]] = [[] for _ in live]
+        score = [0.0] * len(live)
+        at = list(range(len(live)))  # the rows still drafting, as indices into live
+        running = [1.0] * len(live)  # the product of each row's drafts' probabilities so far
+        for i in range(max(ks[j] for j in live)):
+            logits = self.model.logits(state)
+            keep, tokens = [], []
+            picks = [draft_token(logits[row], requests[live[a]], self.purpose, i, drafts[a], vocab.token_ids,
+                                 self.grammar, vocab.target_vocab_size, lazy=True) for row, a in enumerate(at)]
+            # the slot's tokens, confidence and probabilities in one copy to the host
+            for (row, a), (_, probs), (tok, passes, p_tok) in zip(
+                    enumerate(at), picks, slot_outcomes(picks, [running[a] for a in at], self.min_token_prob)):
+                if not passes:
+                    continue
+                running[a] *= p_tok
+                drafts[a].append(int(vocab.token_ids[tok]))
+                rows[a].append(vocab.scatter(probs))
+                score[a] += running[a]
+                if len(drafts[a]) < ks[live[a]] and running[a] >= self.min_token_prob:  # else no next slot passes
+                    keep.append(row)
+                    tokens.append(drafts[a][-1] if self.model.embeds_target_ids else tok)
+            if not keep:
+                break
+            # the drafted pairs (own state, drafted token) at positions n + i; their keys go after the context's
+            # pairs for the next draft and are overwritten by the next step's true pairs
+            dev = state.device
+            z = self.model.pair_inputs(state[keep], torch.tensor(tokens, device=dev))
+            step_rows = []
+            for m, row in enumerate(keep):
+                r, ctx = requests[live[at[row]]], ctxs[at[row]]
+                step_rows.append((ctx, z[m : m + 1], torch.tensor([len(r.token_ids) - 1 + i], device=dev)))
+            state = torch.cat(self._forward(step_rows))
+            for ctx, *_ in step_rows:
+                ctx.length += 1
+            at = [at[row] for row in keep]
         return [Proposal(torch.tensor(d, dtype=torch.int64), torch.stack(r), sc) if d else Proposal.empty()
                 for d, r, sc in zip(drafts, rows, score)]
 

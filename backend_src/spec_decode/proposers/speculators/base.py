@@ -39,12 +39,19 @@ class SpeculatorSettings(LMSettings):
         medusa_choices: the tree a Medusa head drafts for a request that takes trees (``draft_tree``): ``dynamic``
             (the paths of its heads' top-k of highest joint probability), a published tree's name (``mc_sim_7b_63``)
             or a JSON list of paths of top-k indices (:mod:`.medusa.tree`).
+        tree_top_k: the dynamic trees of the EAGLE, MLP and Arctic heads (``draft_tree``): children per expanded node
+            and the frontier's width per level (EAGLE-2's ``top_k``, SGLang's ``--speculative-eagle-topk``), in
+            [1, 10].
+        tree_depth: their levels at most (EAGLE-2's ``depth``, SGLang's ``--speculative-num-steps``; 0: up to the
+            request's node budget ``num_draft_tokens``), in [0, 64].
     """
 
     speculator_path: str = "auto"
     speculator_min_token_prob: float = 0.3
     target_model_path: str = ""
     medusa_choices: str = "dynamic"
+    tree_top_k: int = 4
+    tree_depth: int = 0
 
     def check(self) -> None:
         """As :meth:`~spec_decode.settings.LMSettings.check`, speculator_min_token_prob in [0, 1] and medusa_choices
@@ -53,6 +60,8 @@ class SpeculatorSettings(LMSettings):
 
         super().check()
         in_range("speculator_min_token_prob", self.speculator_min_token_prob, 0.0, 1.0)
+        in_range("tree_top_k", self.tree_top_k, 1, 10)
+        in_range("tree_depth", self.tree_depth, 0, 64)
         try:
             parse_choices(self.medusa_choices)
         except ValueError as exc:
@@ -90,6 +99,7 @@ class HeadProposer(Proposer):
     def __init__(self, head: Any, hidden_size: int, settings: SpeculatorSettings):
         self.head, self.hidden_size = head, hidden_size
         self.min_token_prob = settings.speculator_min_token_prob
+        self.tree_top_k, self.tree_depth = settings.tree_top_k, settings.tree_depth  # the chain heads' trees
 
     @classmethod
     def load(cls, folder: Path, target: TargetInfo) -> Any:  # pragma: no cover - abstract

@@ -3,8 +3,8 @@ position, expanded EAGLE-2's way.
 
 A chain head's position i reads the state its position i-1 left and the token drafted there, so each node of a tree
 has its own state. Per round and per request that takes trees: from the last committed token, position i expands
-every node of the frontier (one batched head step over the frontier) into its :data:`TOP_K` most probable children,
-and the :data:`TOP_K` children of highest joint probability (the product of their path's probabilities) become the
+every node of the frontier (one batched head step over the frontier) into its ``tree_top_k`` most probable children,
+and the ``tree_top_k`` children of highest joint probability (the product of their path's probabilities) become the
 next frontier; after the heads' ``n_predict`` positions (or fewer, where the budget or the confidence threshold ends
 it), the ``k`` expanded nodes of highest joint probability are kept (EAGLE-2, Li et al. 2024: expand the top-k of the
 best nodes for ``depth`` steps, then rerank by joint probability; fms-extras' ``n_candidates`` sequences from the
@@ -20,12 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from ...sampling import NoisePurpose
-from ..base import Proposal, ProposalRequest, draft_token, top_k_to_host
+from ..base import Proposal, ProposalRequest, draft_distribution, top_k_to_host
 from .base import HeadProposer
-
-TOP_K = 4
-"""Children expanded per node, and the frontier's width, per head position (EAGLE-2's ``top_k``; SGLang's default
-``--speculative-eagle-topk`` is 4)."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +50,7 @@ def select_nodes(candidates: list[Candidate], budget: int) -> tuple[list[int], l
     return tokens, parents, sum(candidates[c].joint for c in kept)
 
 
-def propose_tree(proposer: HeadProposer, request: ProposalRequest, purpose: NoisePurpose) -> Proposal:
+def propose_tree(proposer: HeadProposer, request: ProposalRequest) -> Proposal:
     """A candidate tree of at most ``request.k`` nodes for one request with hidden states (module docstring).
 
     Returns:
@@ -62,7 +58,7 @@ def propose_tree(proposer: HeadProposer, request: ProposalRequest, purpose: Nois
         empty without hidden states.
 
     Raises:
-        ValueError: from the request's grammar (:func:`~spec_decode.proposers.base.draft_token`).
+        ValueError: from the request's grammar (:func:`~spec_decode.proposers.base.draft_distribution`).
     """
     head = proposer.head
     _, states = proposer.last_states([request], proposer.hidden_size)
@@ -73,17 +69,18 @@ def propose_tree(proposer: HeadProposer, request: ProposalRequest, purpose: Nois
     candidates: list[Candidate] = []
     frontier = [-1]  # candidate indices (-1: the last committed token)
     tokens = [min(max(request.token_ids[-1], 0), vocab - 1)]  # Arctic Inference clamps too
-    width = min(TOP_K, request.k, vocab)
-    for i in range(min(head.n_predict, request.k)):
+    width = min(proposer.tree_top_k, request.k, vocab)
+    for i in range(min(head.n_predict, request.k, proposer.tree_depth or request.k)):
         logits, carry = head.step(i, carry, torch.tensor(tokens, dtype=torch.int64, device=dev))
-        probs = torch.stack([draft_token(logits[row], request, purpose, i, _path(candidates, f), None,
-                                         proposer.grammar, vocab, lazy=True)[1] for row, f in enumerate(frontier)])
+        probs = torch.stack([draft_distribution(logits[row], request, candidate_path(candidates, f), None,
+                                                proposer.grammar) for row, f in enumerate(frontier)])
         top_probs, top_ids = top_k_to_host(probs, width)  # one copy per position
         children = []
         for row, f in enumerate(frontier):
             base = 1.0 if f < 0 else candidates[f].joint
             children += [(base * p, row, f, t) for p, t in zip(top_probs[row], top_ids[row])]
-        children = [c for c in sorted(children, key=lambda c: -c[0]) if c[0] >= proposer.min_token_prob][:width]
+        children = [c for c in sorted(children, key=lambda c: -c[0])
+                    if c[0] > 0 and c[0] >= proposer.min_token_prob][:width]
         if not children:
             break
         rows, frontier, tokens = [], [], []
@@ -100,8 +97,9 @@ def propose_tree(proposer: HeadProposer, request: ProposalRequest, purpose: Nois
     return Proposal.of(drafts, score, parents)
 
 
-def _path(candidates: list[Candidate], node: int) -> list[int]:
-    """The tokens from the last committed token's child down to ``node`` (the processors' prefix of drafts)."""
+def candidate_path(candidates: list[Candidate], node: int) -> list[int]:
+    """The tokens from the last committed token's child down to candidate ``node`` (-1: none), the processors'
+    prefix of drafts."""
     out = []
     while node >= 0:
         out.append(candidates[node].token)
@@ -122,8 +120,8 @@ def propose_heads(proposer: HeadProposer, requests: list[ProposalRequest], purpo
         for j, p in zip(rest, chain(proposer, [requests[j] for j in rest], purpose)):
             out[j] = p
     for j in trees:
-        out[j] = propose_tree(proposer, requests[j], purpose)
+        out[j] = propose_tree(proposer, requests[j])
     return out
 
 
-__all__ = ["TOP_K", "Candidate", "propose_heads", "propose_tree", "select_nodes"]
+__all__ = ["Candidate", "candidate_path", "propose_heads", "propose_tree", "select_nodes"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from ....sampling import NoisePurpose
-from ...base import Proposal, ProposalRequest, draft_token, slot_outcomes, top_k_to_host
+from ...base import Proposal, ProposalRequest, draft_distribution, draft_token, slot_outcomes, top_k_to_host
 from ..base import HeadProposer, SpeculatorSettings
 from ..target import TargetInfo
 from .model import MedusaHead
@@ -110,8 +110,8 @@ class MedusaProposer(HeadProposer):
         top-k after the request's processors and sampling transforms, read by the host in one copy, combined by
         ``medusa_choices`` (the joint-probability rule, or a fixed tree's first nodes). Drafts without probabilities
         (deterministic, as the chain's); a tree of one path is returned as a chain."""
-        probs = torch.stack([draft_token(logits[i], request, NoisePurpose.MEDUSA, i, [], None, self.grammar, vocab,
-                                         lazy=True)[1] for i in range(logits.shape[0])])
+        probs = torch.stack([draft_distribution(logits[i], request, [], None, self.grammar)
+                             for i in range(logits.shape[0])])
         top_probs, top_ids = top_k_to_host(probs, min(TOP_K, vocab))
         paths = (dynamic_tree(top_probs, request.k, self.min_token_prob) if self.choices is None
                  else choices_tree(self.choices, top_probs, request.k, self.min_token_prob))
