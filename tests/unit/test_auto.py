@@ -325,3 +325,49 @@ def test_probes_stay_within_their_share_of_the_round_time():
     assert 5 <= counts[0.05] <= 0.05 * 11.0 / 0.015 + 1 < counts[1.0]
     with pytest.raises(ValueError):
         AutoController(["suffix"], probe_budget=1.5)
+
+
+def _play_shapes(ctrl, seq_id, chain_accepts, tree_result, steps, cap=8, trees=True):
+    """Steps of one sequence that allows trees (``trees``): a chain step of k drafts accepts ``chain_accepts(k)``;
+    a tree step of k nodes returns ``tree_result(k) -> (depth, accepted)``. Returns (method, k, draft_tree) per
+    step."""
+    choices = []
+    for _ in range(steps):
+        submitted = StepInputs(seq_id, [1, 2, 3], cap, AUTO, SamplingParams(), 0, cached_len=2, auto=True,
+                               draft_tree=trees)
+        (inp,) = ctrl.plan([submitted])
+        k = inp.num_draft_tokens
+        choices.append((inp.method, k, inp.draft_tree))
+        if inp.draft_tree:
+            depth, acc = tree_result(k)
+            result = StepResult(list(range(acc + 1)), k, draft_depth=depth)
+        else:
+            result = StepResult(list(range((chain_accepts(k) if k else 0) + 1)), k)
+        ctrl.observe([inp], [result], 0.05)
+    return choices
+
+
+def test_auto_chooses_trees_where_their_depth_pays_and_chains_where_it_does_not():
+    """A proposer whose chains are accepted at 0.3 per token while its trees of k nodes reach k / 2 deep, each depth
+    accepted: auto moves to trees (counted as such), with k nodes each. The same proposer whose trees reach
+    only one level, accepted at the chains' rate: auto keeps chains. A request that does not allow trees never gets
+    one, and a tree method's trees start from its chains' estimate."""
+    def chain_30(k):  # 3 in 10 per token: accepts the first draft on 3 of 10 steps, nothing else
+        chain_30.n += 1
+        return 1 if chain_30.n % 10 < 3 else 0
+    chain_30.n = 0
+    ctrl = AutoController(["eagle3"], tree_methods=["eagle3"], cost=FixedCost(prior=CPU_CURVE))
+    assert ctrl.alpha(1, "eagle3", True) == ctrl.alpha(1, "eagle3")  # no tree seen: the chains' estimate
+    deep = _play_shapes(ctrl, 1, chain_30, lambda k: (max(1, k // 2), max(1, k // 2)), 40)
+    assert all(tree and k > 1 for _, k, tree in deep[-10:]), deep
+    assert ctrl.depth_ratio(1, "eagle3") == pytest.approx(0.5, abs=0.1)
+
+    ctrl = AutoController(["eagle3"], tree_methods=["eagle3"], cost=FixedCost(prior=CPU_CURVE))
+    flat = _play_shapes(ctrl, 2, chain_30, lambda k: (1, 1 if chain_30.n % 10 < 3 else 0), 40)
+    assert not any(tree for _, _, tree in flat[-10:]), flat
+
+    ctrl = AutoController(["eagle3"], tree_methods=["eagle3"], cost=FixedCost(prior=CPU_CURVE))
+    never = _play_shapes(ctrl, 3, chain_30, lambda k: (max(1, k // 2), max(1, k // 2)), 20, trees=False)
+    assert not any(tree for _, _, tree in never)
+    with pytest.raises(ValueError, match="tree methods"):
+        AutoController(["ngram"], tree_methods=["eagle3"])

@@ -37,7 +37,12 @@ def test_every_registered_method_equals_plain_greedy(tiny_dir, tiny_lm, tiny_hea
         run_local(gen, step)
         assert gen.output_ids == ref, method
         stats[method] = gen.stats
-    assert stats["draft"].accepted_tokens == stats["draft"].draft_tokens > 0
+    # the self-draft's trees branch where it is unsure, but its chains are wholly accepted
+    assert stats["draft"].accepted_tokens > 0
+    chain = Generation(8, prompt, GenerationRequest("x", 20, speculative_method="draft", draft_tree=False),
+                       real_tokenizer, [], 256, 0)
+    run_local(chain, step)
+    assert chain.output_ids == ref and chain.stats.accepted_tokens == chain.stats.draft_tokens > 0
     for head in ("eagle", "eagle3", "medusa", "mlp_speculator", "arctic"):
         assert stats[head].draft_tokens > 0, head  # hidden states reached it in process too
     assert len(step.scorer.lm) == 0  # run_local released the caches
@@ -66,7 +71,8 @@ def test_draft_and_target_apply_the_same_sampling_transforms(tiny_lm, real_token
     torch.testing.assert_close(proposal.draft_probs, target[:4], atol=1e-5, rtol=1e-4)
 
     step = LocalStep({"draft": draft}, scorer)
-    req = GenerationRequest("x", 24, temperature=0.7, top_k=20, top_p=0.9, random_seed=3, speculative_method="draft")
+    req = GenerationRequest("x", 24, temperature=0.7, top_k=20, top_p=0.9, random_seed=3, speculative_method="draft",
+                            draft_tree=False)  # chains: a tree's other branches are never all accepted
     gen = Generation(2, prompt, req, real_tokenizer, [], 256, 3)
     run_local(gen, step)
     assert gen.stats.accepted_tokens == gen.stats.draft_tokens > 0

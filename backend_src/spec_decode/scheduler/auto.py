@@ -32,9 +32,10 @@ from ..protocol import AUTO, NO_SPECULATION, StepInputs, StepResult
 from .round_cost import DRAFT_HOP, RoundCost
 
 
-def expected_tokens(alpha: float, k: int) -> float:
+def expected_tokens(alpha: float, k: float) -> float:
     """Expected tokens emitted by a step that drafts ``k`` tokens, each accepted with probability ``alpha`` given
     the previous ones were (Leviathan et al. 2023, eq. 1): ``(1 - alpha**(k+1)) / (1 - alpha)``; k + 1 at alpha 1.
+    A fractional k (a tree's expected depth, :meth:`AutoController.depth_ratio`) interpolates.
 
     Raises:
         ValueError: alpha outside [0, 1] or k < 0.
@@ -83,18 +84,31 @@ class AcceptanceStats:
         return (self.successes + 1.0) / (self.trials + 2.0)
 
 
+TREE_ARM = "+tree"
+"""Suffix of the name under which the controller counts a method's tree steps (``eagle3+tree``): a method that drafts
+trees is two arms, its chains and its trees, each with its own acceptance per depth."""
+
+
+def arm(method: str, tree: bool) -> str:
+    """The controller's name for ``method`` drafting trees (``method`` + :data:`TREE_ARM`) or chains (``method``)."""
+    return method + TREE_ARM if tree else method
+
+
 @dataclass
 class _Row:
-    """One auto row being planned: its cap, choice and expected tokens."""
+    """One auto row being planned: its cap, choice (method and shape) and expected tokens."""
 
     index: int
     seq_id: int
     cap: int
+    trees: bool  # the row may draft a tree (the request allows it)
     method: str | None = None
+    tree: bool = False
     k: int = 0
     gain: float = 1.0  # expected tokens of its step so far
-    alphas: dict[str, float] = field(default_factory=dict)  # method -> per-token acceptance estimate
+    alphas: dict[str, float] = field(default_factory=dict)  # arm -> per-depth acceptance estimate
     offers: dict[str, float] = field(default_factory=dict)  # method -> estimated chance that it drafts at all
+    ratios: dict[str, float] = field(default_factory=dict)  # tree arm -> its trees' depth per node
 
 
 @dataclass
@@ -102,7 +116,8 @@ class _Sequence:
     """What the controller knows of one sequence: its steps, acceptance per method, and when to probe each."""
 
     steps: int = 0
-    stats: dict[str, AcceptanceStats] = field(default_factory=dict)  # per drafted token
+    stats: dict[str, AcceptanceStats] = field(default_factory=dict)  # per arm, per drafted depth
+    depths: dict[str, AcceptanceStats] = field(default_factory=dict)  # tree arm -> (depth reached, nodes) sums
     offers: dict[str, AcceptanceStats] = field(default_factory=dict)  # steps it drafted in / steps it was asked
     probe_due: dict[str, int] = field(default_factory=dict)  # method -> the step from which a probe may run
     backoff: dict[str, int] = field(default_factory=dict)  # method -> steps to the next probe after a failed one
@@ -115,6 +130,8 @@ class AutoController:
         methods: the single proposers it may choose (served; ``none`` is always possible: k = 0).
         model_methods: those of ``methods`` that run a model (the draft LM, the heads): a round where one drafts
             pays its seconds (:class:`RoundCost`).
+        tree_methods: those of ``methods`` that draft trees for a request that allows them (``draft_tree``): for such
+            a row the controller also chooses the shape, chain or tree, at each step (:meth:`plan`).
         decay: the factor by which a sequence's counts of a method fade at each step that method drafts, in (0, 1]
             (0.9: the last ~10 such steps weigh most, so the estimate follows a change of text, and ten rejections
             outweigh a prior of one trial).
@@ -134,7 +151,7 @@ class AutoController:
             methods.
     """
 
-    def __init__(self, methods: Sequence[str], model_methods: Collection[str] = (),
+    def __init__(self, methods: Sequence[str], model_methods: Collection[str] = (), tree_methods: Collection[str] = (),
                  decay: float = 0.9, prior_weight: float = 1.0,
                  server_decay: float = 0.99, max_backoff: int = 32, max_idle_backoff: int = 4,
                  cost: RoundCost | None = None, probe_budget: float = 0.05):
@@ -144,9 +161,9 @@ class AutoController:
                              f"probe_budget in [0, 1]; got {decay}, {server_decay}, {prior_weight}, {max_backoff}, "
                              f"{max_idle_backoff}, {probe_budget}")
         self.methods = tuple(m for m in methods if m not in (NO_SPECULATION, AUTO))
-        if not set(model_methods) <= set(self.methods):
-            raise ValueError(f"model methods must be among {self.methods}")
-        self.model_methods = frozenset(model_methods)
+        if not set(model_methods) | set(tree_methods) <= set(self.methods):
+            raise ValueError(f"model and tree methods must be among {self.methods}")
+        self.model_methods, self.tree_methods = frozenset(model_methods), frozenset(tree_methods)
         self.decay, self.server_decay = decay, server_decay
         self.prior_weight = prior_weight
         self.max_backoff, self.max_idle_backoff = max_backoff, max_idle_backoff
@@ -154,15 +171,36 @@ class AutoController:
         self.probe_budget = probe_budget
         self.round_seconds = 0.0  # measured seconds of every round observed
         self.probe_seconds = 0.0  # predicted seconds the probes planned so far added to their rounds
-        self.server: dict[str, AcceptanceStats] = {m: AcceptanceStats() for m in self.methods}
+        self.server: dict[str, AcceptanceStats] = {arm(m, t): AcceptanceStats() for m in self.methods
+                                                   for t in ((False, True) if m in self.tree_methods else (False,))}
+        self.server_depths: dict[str, AcceptanceStats] = {arm(m, True): AcceptanceStats() for m in self.tree_methods}
         self.server_offers: dict[str, AcceptanceStats] = {m: AcceptanceStats() for m in self.methods}
         self.sequences: dict[int, _Sequence] = {}
 
-    def alpha(self, seq_id: int, method: str) -> float:
-        """The per-token acceptance estimate of ``method`` for ``seq_id``: its decayed counts, with the server's
-        recent mean (:meth:`AcceptanceStats.mean`) as a prior worth ``prior_weight`` trials."""
+    def alpha(self, seq_id: int, method: str, tree: bool = False) -> float:
+        """The per-token acceptance estimate of ``method`` for ``seq_id`` (``tree``: per depth of its trees): its
+        decayed counts, with the server's recent mean (:meth:`AcceptanceStats.mean`) as a prior worth
+        ``prior_weight`` trials. A tree arm the server has not seen yet starts from the chain's estimate (a tree
+        holds the chain's path and more)."""
+        name = arm(method, tree)
         seq = self.sequences.get(seq_id)
-        return self._estimate(seq.stats.get(method) if seq is not None else None, self.server[method])
+        mine = seq.stats.get(name) if seq is not None else None
+        if tree and not self.server[name].trials and mine is None:
+            return self.alpha(seq_id, method)
+        return self._estimate(mine, self.server[name])
+
+    def depth_ratio(self, seq_id: int, method: str) -> float:
+        """The depth a tree of ``method`` reaches per node of its budget, for ``seq_id``: its trees' decayed (depth,
+        nodes) sums, with the server's as a prior worth ``prior_weight`` trees, and 1 (a chain) before any tree; in
+        (0, 1]."""
+        server = self.server_depths[arm(method, True)]
+        prior = (server.successes + 1.0) / (server.trials + 1.0)  # one chain-like tree of one node as the prior
+        seq = self.sequences.get(seq_id)
+        mine = seq.depths.get(arm(method, True)) if seq is not None else None
+        w = self.prior_weight
+        if mine is None or mine.trials + w <= 0:
+            return prior
+        return min(1.0, (mine.successes + w * prior) / (mine.trials + w))
 
     def offer_rate(self, seq_id: int, method: str) -> float:
         """The chance that ``method`` drafts anything when asked, for ``seq_id`` (suffix decoding and n-gram lookup
@@ -177,8 +215,9 @@ class AutoController:
         return (mine.successes + w * prior) / (mine.trials + w)
 
     def plan(self, inps: Sequence[StepInputs]) -> list[StepInputs]:
-        """The round's steps with the method and k of each auto row chosen (``inp.auto``; its ``num_draft_tokens``
-        is its cap): new inputs for those rows, the others as given (fixed, only counted in the round's cost).
+        """The round's steps with the method, shape and k of each auto row chosen (``inp.auto``; its
+        ``num_draft_tokens`` is its cap): new inputs for those rows, the others as given (fixed, only counted in the
+        round's cost).
 
         Greedy on the round's goodput (expected tokens / predicted seconds), as SmartSpec's batch-level choice: from
         every auto row at k = 0, repeatedly take the move that raises the goodput most, where a row without a
@@ -186,6 +225,13 @@ class AutoController:
         move raises it. A method that drafts only on a match (suffix decoding, n-gram lookup) counts with the
         chance that it drafts at all (:meth:`offer_rate`): q * (expected_tokens - 1) more tokens for q * k more
         positions, in expectation; the first drafting row of a round adds the draft_model hop's seconds.
+
+        The shape: a row that allows trees (``draft_tree``) may take each tree method (``tree_methods``) as a chain
+        or as a tree of k nodes. A tree counts with its own acceptance per depth (:meth:`alpha` with ``tree``) over
+        the depth its trees reach per node (:meth:`depth_ratio` x k), so a tree wins where its branches raise the
+        acceptance per depth more than their nodes cost in depth; the chosen step carries ``draft_tree`` accordingly.
+        Before any evidence a tree counts as its chain, and a tie goes to the tree (so trees are tried, and kept only
+        while they pay).
 
         A row left at k = 0 runs without speculation, unless a model-free method is due a probe: one draft token of
         it, so that a method given up (or never tried: the server's history may hold it low) is found again when
@@ -198,7 +244,7 @@ class AutoController:
         time: a probe in a round that drafts anyway costs one position; one that sends a round through draft_model
         costs the hop too, and at high load that hop is paid by every sequence of the round.
         """
-        rows = [_Row(i, inp.seq_id, inp.num_draft_tokens) for i, inp in enumerate(inps) if inp.auto]
+        rows = [_Row(i, inp.seq_id, inp.num_draft_tokens, inp.draft_tree) for i, inp in enumerate(inps) if inp.auto]
         if not rows:
             return list(inps)
         fixed = [inp for inp in inps if not inp.auto and inp.drafts]
@@ -215,30 +261,39 @@ class AutoController:
             return memo[key]
 
         for r in rows:
-            r.alphas = {m: self.alpha(r.seq_id, m) for m in self.methods}
             r.offers = {m: self.offer_rate(r.seq_id, m) for m in self.methods}
+            for m in self.methods:
+                r.alphas[m] = self.alpha(r.seq_id, m)
+                if r.trees and m in self.tree_methods:
+                    r.alphas[arm(m, True)] = self.alpha(r.seq_id, m, True)
+                    r.ratios[m] = self.depth_ratio(r.seq_id, m)
         current = tokens / cost(positions, used)
         while True:
-            best: tuple[float, _Row, str, int, float, float] | None = None
+            best: tuple[float, _Row, str, bool, int, float, float] | None = None
             for r in rows:
                 if r.k >= r.cap:
                     continue
-                for m in ((r.method,) if r.method else self.methods):
-                    a, q = r.alphas[m], r.offers[m]
+                # its arms: each method's trees where the row allows them (a node budget of k reaches depth ratio x
+                # k, each depth accepted with the trees' own rate), first so that they win a tie (before any evidence
+                # a tree is its chain: trying it is free), then its chains; one more node once chosen
+                arms = ([(r.method, r.tree)] if r.method else
+                        [(m, t) for m in self.methods for t in (True, False) if not t or m in r.ratios])
+                for m, tree in arms:
+                    a, q = r.alphas[arm(m, tree)], r.offers[m]
                     ms = used | {DRAFT_HOP, m} if m in self.model_methods else used | {DRAFT_HOP}
                     for k in range(r.k + 1, (r.k + 2) if r.method else (r.cap + 1)):
                         # a proposer drafts only when it has something (q); then k positions more, expected_tokens
-                        gain = q * (expected_tokens(a, k) - 1.0) - (r.gain - 1.0)
+                        gain = q * (expected_tokens(a, r.ratios[m] * k if tree else k) - 1.0) - (r.gain - 1.0)
                         more = q * k - q * r.k
                         rate = (tokens + gain) / cost(positions + more, ms)
                         if best is None or rate > best[0]:
-                            best = (rate, r, m, k, gain, more)
+                            best = (rate, r, m, tree, k, gain, more)
             if best is None or best[0] <= current:
                 break
-            current, r, m, k, gain, more = best
+            current, r, m, tree, k, gain, more = best
             positions += more
             tokens += gain
-            r.method, r.k, r.gain = m, k, r.gain + gain
+            r.method, r.tree, r.k, r.gain = m, tree, k, r.gain + gain
             used |= {DRAFT_HOP, m} if m in self.model_methods else {DRAFT_HOP}
         for r in rows:
             if r.k == 0 and r.cap > 0:
@@ -252,7 +307,7 @@ class AutoController:
                     if not self.cost.forward:  # nothing measured yet: its cost is unknown, and learning it is the point
                         extra = 0.0
                     if self.probe_seconds + extra <= self.probe_budget * self.round_seconds or extra == 0.0:
-                        r.method, r.k = m, 1
+                        r.method, r.tree, r.k = m, False, 1  # one node: a chain
                         self.probe_seconds += extra
                         positions += r.offers[m]
                         used |= {DRAFT_HOP}
@@ -260,7 +315,7 @@ class AutoController:
         for r in rows:
             method = r.method if r.k > 0 and r.method else NO_SPECULATION
             k = r.k if method != NO_SPECULATION else 0
-            out[r.index] = replace(inps[r.index], method=method, num_draft_tokens=k)
+            out[r.index] = replace(inps[r.index], method=method, num_draft_tokens=k, draft_tree=r.tree and k > 1)
         return out
 
     def observe(self, inps: Sequence[StepInputs], results: Sequence[StepResult | BaseException],
@@ -295,7 +350,8 @@ class AutoController:
             self.cost.observe(len(inps), positions, seconds, methods, forward)
 
     def _learn(self, inp: StepInputs, res: StepResult) -> None:
-        """One committed auto step: the counts of the method it drafted with, and that method's probe schedule."""
+        """One committed auto step: the counts of the method and shape it drafted with (a tree arm's also the depth
+        its tree reached per node), and that method's probe schedule."""
         seq = self.sequences.setdefault(inp.seq_id, _Sequence())
         seq.steps += 1
         m = inp.method
@@ -313,11 +369,16 @@ class AutoController:
             return
         depth = res.num_draft_tokens if res.draft_depth is None else res.draft_depth  # a tree: its deepest path
         succ, trials = step_trials(depth, min(len(res.output_ids) - 1, depth))
-        mine = seq.stats.setdefault(m, AcceptanceStats())
-        mine.decay(self.decay)
-        mine.add(succ, trials)
-        self.server[m].decay(self.server_decay)
-        self.server[m].add(succ, trials)
+        name = arm(m, inp.draft_tree and m in self.tree_methods)
+        for counts, factor in ((seq.stats.setdefault(name, AcceptanceStats()), self.decay),
+                               (self.server[name], self.server_decay)):
+            counts.decay(factor)
+            counts.add(succ, trials)
+        if name in self.server_depths:  # how deep its trees reach per node
+            for counts, factor in ((seq.depths.setdefault(name, AcceptanceStats()), self.decay),
+                                   (self.server_depths[name], self.server_decay)):
+                counts.decay(factor)
+                counts.add(depth, res.num_draft_tokens)
         back = 1 if succ else min(2 * seq.backoff.get(m, 1), self.max_backoff)
         seq.backoff[m] = back
         seq.probe_due[m] = seq.steps + back
@@ -327,4 +388,5 @@ class AutoController:
         self.sequences.pop(seq_id, None)
 
 
-__all__ = ["AUTO", "AcceptanceStats", "AutoController", "RoundCost", "expected_tokens", "step_trials"]
+__all__ = ["AUTO", "TREE_ARM", "AcceptanceStats", "AutoController", "RoundCost", "arm", "expected_tokens",
+           "step_trials"]

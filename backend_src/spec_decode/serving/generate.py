@@ -102,7 +102,7 @@ class GenerateBackend:
     def _controller(served: tuple[str, ...]) -> AutoController:
         """speculative_method=auto's controller over the served single proposers (hybrid only composes them)."""
         singles = [m for m in served if m in PROPOSERS and m != "hybrid"]
-        return AutoController(singles, [m for m in singles if PROPOSERS[m].applies_processors])
+        return AutoController(singles, [m for m in singles if PROPOSERS[m].applies_processors], singles)
 
     def _offered_methods(self, draft_params: dict[str, str] | None) -> tuple[str, ...]:
         """The methods draft_model serves (:func:`~spec_decode.proposers.offered_methods`), checking generate's
@@ -205,7 +205,7 @@ class GenerateBackend:
                     self.metrics.record_step(req.speculative_method, ran.num_draft_tokens, before, gen.stats)
                     self._record_shape(req, ran, result)
                     if ran.auto:
-                        self._record_choice(ran.method, before, gen.stats)
+                        self._record_choice(ran, before, gen.stats)
                     if req.stream:
                         if chunk.finished:
                             break
@@ -263,9 +263,13 @@ class GenerateBackend:
             self.metrics.add(ROUND_SECONDS, max(0.0, total - self.metrics.get(ROUND_SECONDS, stage=stage)),
                              stage=stage)
 
-    def _record_choice(self, method: str, before: tuple[int, int, int, int], after) -> None:
-        """Count an auto step by the method it chose (``none``: no speculation), with its drafts and acceptances."""
+    def _record_choice(self, ran, before: tuple[int, int, int, int], after) -> None:
+        """Count an auto step (``ran``: its inputs as run) by the method it chose (``none``: no speculation), with
+        its drafts and acceptances, and whether it chose a tree."""
+        method = ran.method
         self.metrics.add("spec_decode_auto_steps_total", 1, method=method)
+        if ran.draft_tree:
+            self.metrics.add("spec_decode_auto_tree_steps_total", 1, method=method)
         self.metrics.add("spec_decode_auto_draft_tokens_total", after.draft_tokens - before[1], method=method)
         self.metrics.add("spec_decode_auto_accepted_tokens_total", after.accepted_tokens - before[2], method=method)
 
