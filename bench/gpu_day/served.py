@@ -10,8 +10,9 @@ head over it are served by a tritonserver unpacked from the bundle (:mod:`.bundl
 server: PATH's or the embedded one). Through Triton's HTTP generate extension (the standard library's
 ``urllib``: nothing to install), greedy, k = 4, ``ignore_eos``:
 
-- every method of :data:`METHODS` at 1 and 8 concurrent streams must give transformers' greedy decoding of the same
-  prompt ids token for token (float32; IEEE float32 GEMMs, ``torch.set_float32_matmul_precision("highest")``);
+- every setting of :data:`METHODS` (the EAGLE-3 head's trees and its chains among them) at 1 and 8 concurrent
+  streams must give transformers' greedy decoding of the same prompt ids token for token (float32; IEEE float32
+  GEMMs, ``torch.set_float32_matmul_precision("highest")``);
 - tokens/s of ``none`` at concurrency 1 through the server against the same served backends in process
   (:class:`spec_decode.serving.local_ensemble.LocalEnsemble`, the same settings): the goal is >= 0.90x;
 - :mod:`bench.round_stages`' breakdown of a round (none and suffix at concurrency 1 and 8) from the server's own
@@ -39,7 +40,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER_DIR = ROOT / "build" / "gpu_day" / "tokenizer"
-METHODS = ("none", "ngram", "suffix", "eagle3")
+METHODS = ("none", "ngram", "suffix", "eagle3", "eagle3:chain")
+"""The settings served: a method (its trees where it drafts them: ``draft_tree`` is on by default), or a method and
+``:chain`` (``draft_tree`` false: the EAGLE-3 head's trees against its chains)."""
 K = 4
 STDLIB_PROMPTS = ("json/decoder.py", "textwrap.py", "string.py", "shlex.py", "fnmatch.py", "heapq.py", "bisect.py",
                   "colorsys.py")
@@ -192,14 +195,17 @@ def repository(paths: dict[str, Path], device: str, gpu_instances: bool = True) 
 
 
 def generate(http_url: str, text: str, method: str, max_tokens: int, timeout_s: float = 300.0) -> dict:
-    """One greedy request through Triton's HTTP generate extension; its JSON answer (``output_ids``: the new token
+    """One greedy request through Triton's HTTP generate extension (``method``: a setting of :data:`METHODS`); its
+    JSON answer (``output_ids``: the new token
     ids; ``num_draft_tokens_total``, ``num_accepted_tokens``).
 
     Raises:
         urllib.error.HTTPError: the server refused it (the body names why).
     """
+    method, _, shape = method.partition(":")
     body = {"text_input": text, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
-            "speculative_method": method, "num_draft_tokens": 0 if method == "none" else K}
+            "speculative_method": method, "num_draft_tokens": 0 if method == "none" else K,
+            "draft_tree": shape != "chain"}
     req = urllib.request.Request(f"http://{http_url}/v2/models/generate/generate", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
@@ -268,12 +274,12 @@ def serve_and_measure(repo: Path, log: Path, texts: list[str], ref: list[list[in
                     time.sleep(1.5)  # the models export their counters at most every 0.5 s
                     row["ms_per_round"] = breakdown(before, counters(srv.metrics_url), r["seconds"])
                 res["runs"].append(row)
-                if method == "eagle3" and not r["drafted"]:  # a head drafts every slot (min prob 0)
+                if method.startswith("eagle3") and not r["drafted"]:  # a head drafts every slot (min prob 0)
                     fail(f"served {method} c={concurrency}: drafted nothing (the check would prove nothing)")
                 if not equal:
                     fail(f"served {method} c={concurrency}: {len(row['mismatched'])} of {len(use)} outputs "
                          f"differ from transformers' greedy decoding")
-                print(f"  served {method:<7} c={concurrency}: {r['tokens_per_s']:8.1f} tok/s  equal {equal}",
+                print(f"  served {method:<12} c={concurrency}: {r['tokens_per_s']:8.1f} tok/s  equal {equal}",
                       flush=True)
     return True
 

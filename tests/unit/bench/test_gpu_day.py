@@ -38,7 +38,7 @@ def test_cpu_mode_served_part_passes(tmp_path):
     served = res["parts"]["served"]["result"]
     assert not served["failures"] and served["instances"] == "KIND_CPU, device cpu"
     runs = {(r["method"], r["concurrency"]): r for r in served["runs"]}
-    assert set(runs) == {(m, c) for m in ("none", "ngram", "suffix", "eagle3") for c in (1, 8)}
+    assert set(runs) == {(m, c) for m in ("none", "ngram", "suffix", "eagle3", "eagle3:chain") for c in (1, 8)}
     assert all(r["equal_to_transformers"] for r in runs.values())
     assert runs[("eagle3", 1)]["drafted"] > 0 and runs[("none", 1)]["drafted"] == 0
     assert served["server_over_in_process"] > 0 and served["round_beyond_forward_ms"] is not None
