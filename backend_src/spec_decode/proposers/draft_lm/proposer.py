@@ -117,14 +117,19 @@ class DraftModelProposer(Proposer):
         return cls(load_cached_lm(path, settings), load_draft_vocab(path), settings.draft_min_token_prob,
                    settings.draft_tree_top_k, settings.draft_branch_prob)
 
-    def _draft_ids(self, token_ids: list[int]) -> list[int]:
+    def draft_ids(self, token_ids: list[int]) -> list[int]:
+        """Target ids -> the draft's own ids (a pruned vocabulary's indices; the same ids without one).
+
+        Raises:
+            InvalidInputError: an id outside the target's vocabulary (a pruned vocabulary checks the range).
+        """
         return self.vocab.map_ids(token_ids) if self.vocab is not None else list(token_ids)
 
     def check(self, request: ProposalRequest) -> None:
         """Raise InvalidInputError (naming ``token_ids``) for token ids outside the draft's vocabulary (the target's,
         for a pruned one). A sequence longer than the draft LM's positions is not refused: it drafts fewer tokens, or
         none (:meth:`room`)."""
-        ids = self._draft_ids(request.token_ids)  # a pruned vocabulary refuses ids outside the target's itself
+        ids = self.draft_ids(request.token_ids)  # a pruned vocabulary refuses ids outside the target's itself
         if ids and (min(ids) < 0 or max(ids) >= self.lm.vocab_size):
             raise InvalidInputError("token_ids", f"token ids must lie in [0, {self.lm.vocab_size}), got "
                                                  f"{min(ids)}..{max(ids)}")
@@ -165,7 +170,7 @@ class DraftModelProposer(Proposer):
     def _chains(self, requests: list[ProposalRequest], ks: list[int]) -> list[Proposal]:
         """Chains of up to ``ks[j]`` drafts (:meth:`propose`)."""
         vocab = self.vocab
-        ids = [self._draft_ids(r.token_ids) if k > 0 else [] for r, k in zip(requests, ks)]
+        ids = [self.draft_ids(r.token_ids) if k > 0 else [] for r, k in zip(requests, ks)]
         drafts: list[list[int]] = [[] for _ in requests]
         rows: list[list[torch.Tensor]] = [[] for _ in requests]
         running, score = [1.0] * len(requests), [0.0] * len(requests)

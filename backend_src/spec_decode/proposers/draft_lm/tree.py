@@ -59,7 +59,7 @@ def draft_lm_trees(proposer: DraftModelProposer, requests: list[ProposalRequest]
     """
     vocab, lm = proposer.vocab, proposer.lm
     width = proposer.tree_top_k
-    ids = [proposer._draft_ids(r.token_ids) for r in requests]
+    ids = [proposer.draft_ids(r.token_ids) for r in requests]
     cands: list[list[Candidate]] = [[] for _ in requests]
     draft_id: list[dict[int, int]] = [{} for _ in requests]  # candidate -> its draft-vocabulary id
     in_tree: list[list[int]] = [[] for _ in requests]  # the candidates a forward computes, parents first

@@ -126,7 +126,7 @@ class EagleProposer(Proposer):
         limit = self.model.max_positions
         return request.k if not limit else max(0, min(request.k, limit - len(request.token_ids)))
 
-    def _forward(self, rows: list[tuple[EagleContext, torch.Tensor, torch.Tensor]],
+    def forward_pairs(self, rows: list[tuple[EagleContext, torch.Tensor, torch.Tensor]],
                  visible: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """The layer over new pairs of several contexts (packed), each attending to its first ``length`` pairs and
         causally to its new ones (or where ``visible`` allows), whose keys and values are written after them in the
@@ -185,7 +185,7 @@ class EagleProposer(Proposer):
             return [], [], None
         ctxs = [self._contexts.get(requests[j].seq_id, EagleContext) for j in live]
         work = [(ctx, *self._extend(requests[j], ctx)) for j, ctx in zip(live, ctxs)]
-        outs = self._forward(work)
+        outs = self.forward_pairs(work)
         for ctx, (_, z, _) in zip(ctxs, work):
             ctx.length += z.shape[0]
         return live, ctxs, torch.stack([o[-1] for o in outs])
@@ -267,7 +267,7 @@ class EagleProposer(Proposer):
             for m, row in enumerate(keep):
                 r, ctx = requests[live[at[row]]], ctxs[at[row]]
                 step_rows.append((ctx, z[m : m + 1], torch.tensor([len(r.token_ids) - 1 + i], device=dev)))
-            state = torch.cat(self._forward(step_rows))
+            state = torch.cat(self.forward_pairs(step_rows))
             for ctx, *_ in step_rows:
                 ctx.length += 1
             at = [at[row] for row in keep]

@@ -11,10 +11,11 @@ committed pair (which gives the distribution of x_{n+1}):
    joint probability passes the confidence threshold becomes a candidate; the ``top_k`` candidates of highest joint
    probability are the next frontier.
 2. **Head forward.** The new frontier's pairs (parent's output, the child's token), at position ``n + d``, run through
-   the head in one batched forward over every request's frontier (:meth:`~.proposer.EagleProposer._forward`). Their
-   keys and values are written after the context's committed pairs, and each attends to the committed pairs, its
-   ancestors' pairs and itself (a tree mask, :func:`ancestor_mask`). This repeats up to ``depth`` levels (capped by
-   the node budget k and the target's positions).
+   the head in one batched forward over every request's frontier
+   (:meth:`~.proposer.EagleProposer.forward_pairs`). Their keys and values are written after the context's committed
+   pairs, and each attends to the committed pairs, its ancestors' pairs and itself (a tree mask,
+   :func:`ancestor_mask`). This repeats up to ``depth`` levels (capped by the node budget k and the target's
+   positions).
 3. **Rerank.** The k candidates of highest joint probability are kept
    (:func:`~spec_decode.proposers.speculators.candidate_tree.select_nodes`): a child's joint probability is at most its
    parent's, so a kept node's parent is kept, and the kept nodes form a tree.
@@ -84,7 +85,7 @@ def draft_trees(proposer: EagleProposer, requests: list[ProposalRequest], ctxs: 
     """Dynamic trees (module docstring) for requests whose contexts hold their committed pairs.
 
     Args:
-        proposer: the EAGLE proposer (its head, vocabulary, ``top_k``, threshold and ``_forward``).
+        proposer: the EAGLE proposer (its head, vocabulary, ``top_k``, threshold and ``forward_pairs``).
         requests: the requests that take trees, each with room for >= 2 nodes.
         ctxs: their contexts (``length`` = committed pairs; the drafted pairs are written after them, ``length``
             grows, and the caller cuts them off).
@@ -141,7 +142,7 @@ def draft_trees(proposer: EagleProposer, requests: list[ProposalRequest], ctxs: 
             position = len(tree.request.token_ids) - 1 + d
             work.append((tree.ctx, z[at : at + n], torch.full((n,), position, dtype=torch.int64, device=dev)))
             at += n
-        state = torch.cat(proposer._forward(work, masks))
+        state = torch.cat(proposer.forward_pairs(work, masks))
         for t in step:
             tree = trees[t]
             for c in tree.frontier:
