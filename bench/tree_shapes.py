@@ -1,14 +1,16 @@
-"""Which tree shape pays for a head: tokens per step of chains and of EAGLE-2 trees of several ``tree_top_k`` and
-``tree_depth``, at the same node budget, in one process.
+"""Which tree shape pays for a model proposer: tokens per step of chains and of trees of several shapes, at the same
+node budget, in one process.
 
 The held-out HumanEval prompts (0..N-1) are decoded greedily in process (:class:`spec_decode.in_process.LocalStep`:
-the proposer, scorer and verifier objects the server runs) with the trained EAGLE-3 head (``make speculator``;
-``--method eagle3``) or another served head, one shape after another, each prompt under every shape before the next
-prompt (machine noise hits every shape alike). Every shape's greedy output must equal the chain's. Prints and saves
-tokens per step, tokens/s and the nodes drafted per step; the shape of highest tokens per step is what the config's
-defaults (``tree_top_k``, ``tree_depth``) should be (docs/benchmarks.md).
+the proposer, scorer and verifier objects the server runs), one shape after another, each prompt under every shape
+before the next prompt (machine noise hits every shape alike). A shape is two numbers: for a head (default: the
+EAGLE-3 head ``make speculator`` trains, ``--method eagle3``) EAGLE-2's ``tree_top_k`` x ``tree_depth`` (0: up to the
+budget); for the draft LM (``--method draft``, the one ``make draft`` distils) ``draft_tree_top_k`` x
+``draft_branch_prob``. Every shape's greedy output must equal the chain's. Prints and saves tokens per step, tokens/s
+and the nodes drafted per step: what the config's defaults are chosen by (docs/benchmarks.md).
 
     python -m bench.tree_shapes --prompts 10 --max-tokens 96 --nodes 8 --output results/tree_shapes.json
+    python -m bench.tree_shapes --method draft --shapes 2x0.8,2x0.5,4x0.8 --output results/tree_shapes.draft.json
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ from pathlib import Path
 
 import torch
 
-SHAPES = ((1, 0), (2, 0), (4, 0), (8, 0), (4, 4), (8, 4))
-"""(tree_top_k, tree_depth) pairs measured by default; (1, 0) is a chain (one child per node)."""
+SHAPES = "2x0,4x0,8x0,4x4"
+"""The heads' shapes measured by default (``tree_top_k`` x ``tree_depth``)."""
+ATTRIBUTES = {"draft": ("tree_top_k", "branch_prob"), "mlp_speculator": ("tree_top_k", "tree_depth"),
+              "arctic": ("tree_top_k", "tree_depth")}
+"""The proposer attributes a shape's two numbers set, per method (else ``top_k``, ``depth``: the EAGLE heads')."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,19 +46,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=10, help="held-out HumanEval prompts 0..N-1")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--nodes", type=int, default=8, help="num_draft_tokens: the node budget of every shape")
-    ap.add_argument("--method", default="eagle3", help="the head (its proposer must take tree_top_k, tree_depth)")
+    ap.add_argument("--method", default="eagle3", help="eagle3, eagle, mlp_speculator, arctic or draft")
     ap.add_argument("--speculator-path", default="auto", help="draft_model's speculator_path (default: the trained)")
-    ap.add_argument("--min-token-prob", default="0.3", help="speculator_min_token_prob (the config's default 0.3)")
-    ap.add_argument("--shapes", default=",".join(f"{k}x{d}" for k, d in SHAPES),
-                    help="tree_top_k x tree_depth pairs (depth 0: up to the node budget)")
+    ap.add_argument("--min-token-prob", default="0.3", help="speculator_min_token_prob and draft_min_token_prob (the "
+                                                             "config's default 0.3)")
+    ap.add_argument("--shapes", default=SHAPES, help="comma-separated AxB: a head's tree_top_k x tree_depth (0: up "
+                                                      "to the budget), the draft LM's top_k x branch_prob")
     ap.add_argument("--output", type=Path, default=Path("results/tree_shapes.json"))
     args = ap.parse_args(argv)
 
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    shapes = [(int(s.split("x")[0]), float(s.split("x")[1])) for s in args.shapes.split(",")]
+    first, second = ATTRIBUTES.get(args.method, ("top_k", "depth"))
     path = prepare_default_model()
     tok = load_tokenizer(path)
     params = {"speculator_path": args.speculator_path, "speculator_min_token_prob": args.min_token_prob,
-              "device": "cpu", "dtype": "float32", "draft_model_path": "none"}
+              "draft_min_token_prob": args.min_token_prob, "device": "cpu", "dtype": "float32",
+              "draft_model_path": "auto" if args.method == "draft" else "none"}
     proposer = build_proposers(params).get(args.method)
     if proposer is None:
         print(f"no {args.method} head is served by speculator_path {args.speculator_path!r} (make speculator?)")
@@ -61,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     target = load_causal_lm(path, torch.device("cpu"), torch.float32)
     layers = tuple(aux_hidden_state_layers(args.speculator_path, target.config.num_hidden_layers))
     step = LocalStep({args.method: proposer}, TargetScorer(CachedCausalLM(target, aux_layers=layers)))
-    names = ["chain"] + [f"top_k {k}, depth {d or 'budget'}" for k, d in shapes]
+    names = ["chain"] + [f"{first} {a}, {second} {b:g}" for a, b in shapes]
     agg = {n: {"tokens": 0, "steps": 0, "drafted": 0, "seconds": 0.0} for n in names}
     differ: dict[str, list[int]] = {n: [] for n in names}
     seq = 0
@@ -70,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         ref = None
         for name, shape in zip(names, [None, *shapes]):
             if shape is not None:
-                proposer.top_k, proposer.depth = shape  # type: ignore[attr-defined]
+                setattr(proposer, first, shape[0])
+                setattr(proposer, second, shape[1] if second == "branch_prob" else int(shape[1]))
             req = GenerationRequest(text_input=prompt, max_tokens=args.max_tokens, speculative_method=args.method,
                                     num_draft_tokens=args.nodes, temperature=0.0, draft_tree=shape is not None)
             seq += 1
