@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=8, help="num_draft_tokens: the node budget of every shape")
     ap.add_argument("--method", default="eagle3", help="eagle3, eagle, mlp_speculator, arctic or draft")
     ap.add_argument("--speculator-path", default="auto", help="draft_model's speculator_path (default: the trained)")
+    ap.add_argument("--draft-model-path", default="auto", help="draft_model's draft_model_path for --method draft "
+                                                                "(default: the distilled; default: the target itself)")
     ap.add_argument("--min-token-prob", default="0.3", help="speculator_min_token_prob and draft_min_token_prob (the "
                                                              "config's default 0.3)")
     ap.add_argument("--shapes", default=SHAPES, help="comma-separated AxB: a head's tree_top_k x tree_depth (0: up "
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     tok = load_tokenizer(path)
     params = {"speculator_path": args.speculator_path, "speculator_min_token_prob": args.min_token_prob,
               "draft_min_token_prob": args.min_token_prob, "device": "cpu", "dtype": "float32",
-              "draft_model_path": "auto" if args.method == "draft" else "none"}
+              "draft_model_path": args.draft_model_path if args.method == "draft" else "none"}
     proposer = build_proposers(params).get(args.method)
     if proposer is None:
         print(f"no {args.method} head is served by speculator_path {args.speculator_path!r} (make speculator?)")
