@@ -14,13 +14,16 @@ N_TOKENS = 64  # greedy_references (conftest.py) holds this many tokens per prom
 SINGLES = set(METHODS) - {"hybrid"}  # what auto chooses among (none included)
 
 
-def _auto_steps(metrics_url: str) -> dict[str, float]:
+def _auto_steps(metrics_url: str, name: str = "spec_decode_auto_steps_total") -> dict[str, float]:
     samples = scrape(metrics_url)
-    return {m: value(samples, "spec_decode_auto_steps_total", method=m) for m in SINGLES}
+    return {m: value(samples, name, method=m) for m in SINGLES}
 
 
 def test_auto_greedy_equals_target_greedy_and_reports_its_choice_per_step(server, greedy_references):
+    """auto's greedy output is the target's; each step's method and k come back, and its metrics count every step,
+    the tree steps among them (a request allows trees by default, and before any evidence auto tries a tree)."""
     before = _auto_steps(server.metrics_url)
+    trees_before = sum(_auto_steps(server.metrics_url, "spec_decode_auto_tree_steps_total").values())
     steps = 0
     chosen: set[str] = set()
     for prompt, ref in greedy_references:
@@ -42,6 +45,8 @@ def test_auto_greedy_equals_target_greedy_and_reports_its_choice_per_step(server
         time.sleep(0.2)
     assert sum(after.values()) - sum(before.values()) == steps  # a counter per chosen method, every step counted
     assert all(after[m] >= before[m] for m in SINGLES)
+    trees = sum(_auto_steps(server.metrics_url, "spec_decode_auto_tree_steps_total").values()) - trees_before
+    assert 0 < trees <= steps
 
 
 def test_auto_concurrent_streams_each_equal_target_greedy(server, greedy_references):

@@ -277,8 +277,10 @@ class GenerateBackend:
         """A committed step's tree and per-depth counters, and why a request that allowed a tree drafted a chain."""
         method = req.speculative_method
         self.metrics.record_depths(method, result.num_draft_tokens, result.draft_depth, len(result.output_ids) - 1)
-        if req.draft_tree and ran.drafts and not ran.draft_tree:
-            reason = "guided" if ran.processors is not None and ran.processors.guide_type else "prompt_logprobs"
+        spec = ran.processors
+        if req.draft_tree and ran.drafts and not ran.draft_tree and spec is not None \
+                and spec.chains_only(len(ran.token_ids)):  # (auto choosing a chain is not a fallback)
+            reason = "guided" if spec.guide_type else "prompt_logprobs"
             self.metrics.add("spec_decode_chain_fallback_steps_total", 1, method=method, reason=reason)
 
     def _set_running(self, delta: int) -> None:
