@@ -67,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=8, help="num_draft_tokens: the node cap of trees and chains")
     ap.add_argument("--methods", default="suffix", help="comma-separated tree methods (default suffix)")
     ap.add_argument("--concurrency", type=int, default=8, help="the exactness pass's concurrent streams")
+    ap.add_argument("--min-token-prob", default=None, help="draft_model's speculator_min_token_prob and "
+                                                            "draft_min_token_prob (default: the config's, 0.3); 0: "
+                                                            "every node of the budget, to compare shapes at one budget")
     ap.add_argument("--output", type=Path, default=Path("results/trees.json"))
     args = ap.parse_args(argv)
 
@@ -83,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         if tree is not None:
             params["draft_tree"] = tree
         log = args.output.with_name(f"{args.output.stem}.{name.replace(':', '.')}.server.log")
-        with TritonServer(prepare_repository(), log_path=log) as srv:
+        overrides = None if args.min_token_prob is None else {"draft_model": {
+            "speculator_min_token_prob": args.min_token_prob, "draft_min_token_prob": args.min_token_prob}}
+        with TritonServer(prepare_repository(overrides), log_path=log) as srv:
             srv.wait_ready()
             run_prompts(srv.grpc_url, ["warm up"], 4, 1, **params)
             print(f"{name}: {len(prompts)} prompts, then {args.concurrency} at a time ...", flush=True)
@@ -158,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "torch": torch.__version__,
                     "dtype": os.environ.get("DTYPE", "auto"), "auto": str(choose_dtype("auto", torch.device("cpu")))},
         "sets": {k: len(v) for k, v in sets.items()}, "max_tokens": args.max_tokens, "nodes": args.nodes,
+        "min_token_prob": args.min_token_prob,
         "table": table, "goals": goals, "runs": runs,
     }
     args.output.write_text(json.dumps(result, indent=1))
