@@ -9,6 +9,7 @@ call per batch of sequences, a proposal per sequence) and transformers' candidat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
@@ -275,6 +276,20 @@ def draft_token(logits: torch.Tensor, request: ProposalRequest, purpose: NoisePu
         e = coupled_exponentials(request.params.seed, request.position(slot), max(size, n if cols is None else 0))
         return race(probs, e[:n] if cols is None else e[cols], lazy), probs
     return sample_from(probs, generator_for(request.params.seed, request.step, purpose, slot)), probs
+
+
+def by_shape(count: int, trees: list[int], draft_chains: Callable[[list[int]], list[Proposal]],
+             draft_trees: Callable[[list[int]], list[Proposal]]) -> list[Proposal]:
+    """The proposals of a round's ``count`` rows when the rows ``trees`` (indices, ascending) draft trees and the
+    others chains: ``draft_chains(rows)`` and ``draft_trees(rows)`` each return their rows' proposals in order (a part
+    without rows is not asked)."""
+    out = [Proposal.empty() for _ in range(count)]
+    tree_rows = set(trees)
+    for part, drafted in (([j for j in range(count) if j not in tree_rows], draft_chains), (trees, draft_trees)):
+        if part:
+            for j, proposal in zip(part, drafted(part)):
+                out[j] = proposal
+    return out
 
 
 def draft_distribution(logits: torch.Tensor, request: ProposalRequest, drafts: list[int] | None = None,

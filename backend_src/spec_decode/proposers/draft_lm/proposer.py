@@ -25,7 +25,7 @@ from ...engine.kv_cache import CachedCausalLM
 from ...engine.model_loading import load_cached_lm
 from ...sampling import NoisePurpose
 from ...settings import InvalidInputError, LMSettings, in_range
-from ..base import Proposal, ProposalRequest, Proposer, draft_token, slot_outcomes
+from ..base import Proposal, ProposalRequest, Proposer, by_shape, draft_token, slot_outcomes
 from .artifacts import draft_lm_configured, resolve_draft_path
 from .tree import draft_lm_trees
 
@@ -157,15 +157,9 @@ class DraftModelProposer(Proposer):
         """
         ks = [self.room(r) for r in requests]
         trees = [j for j, (r, k) in enumerate(zip(requests, ks)) if r.tree and k > 1 and self.tree_top_k > 1]
-        if not trees:
-            return self._chains(requests, ks)
-        out = [Proposal.empty() for _ in requests]
-        chains = [j for j in range(len(requests)) if j not in set(trees)]
-        for part, drafted in ((chains, self._chains), (trees, lambda rs, ks: draft_lm_trees(self, rs, ks))):
-            if part:
-                for j, p in zip(part, drafted([requests[j] for j in part], [ks[j] for j in part])):
-                    out[j] = p
-        return out
+        return by_shape(len(requests), trees,
+                        lambda rows: self._chains([requests[j] for j in rows], [ks[j] for j in rows]),
+                        lambda rows: draft_lm_trees(self, [requests[j] for j in rows], [ks[j] for j in rows]))
 
     def _chains(self, requests: list[ProposalRequest], ks: list[int]) -> list[Proposal]:
         """Chains of up to ``ks[j]`` drafts (:meth:`propose`)."""

@@ -18,7 +18,7 @@ from ...engine.draft_vocab import DraftVocab
 from ...sampling import NoisePurpose
 from ...sequences import SequenceLRU, common_prefix_len
 from ...settings import InvalidInputError
-from ..base import Proposal, ProposalRequest, Proposer, draft_token, slot_outcomes
+from ..base import Proposal, ProposalRequest, Proposer, by_shape, draft_token, slot_outcomes
 from ..speculators.base import SpeculatorSettings, check_hidden_states, head_served, load_served_head, place_head
 from ..speculators.layouts import aux_hidden_state_layers
 from ..speculators.target import TargetInfo
@@ -210,14 +210,13 @@ class EagleProposer(Proposer):
         if not live:
             return out
         assert state is not None  # _take_in returns states for every live request
+
+        def part(drafted):  # the drafting of some live rows: their requests' indices, contexts and states
+            return lambda rows: drafted(requests, ks, [live[n] for n in rows], [ctxs[n] for n in rows],
+                                        state.index_select(0, torch.tensor(rows, device=state.device)))
         grow = [n for n, j in enumerate(live) if requests[j].tree and ks[j] > 1]
-        chains = [n for n in range(len(live)) if n not in set(grow)]
-        for part, drafted in ((chains, self._chains), (grow, self._trees)):
-            if part:
-                picked = torch.tensor(part, device=state.device)
-                for n, p in zip(part, drafted(requests, ks, [live[n] for n in part], [ctxs[n] for n in part],
-                                              state.index_select(0, picked))):
-                    out[live[n]] = p
+        for j, p in zip(live, by_shape(len(live), grow, part(self._chains), part(self._trees))):
+            out[j] = p
         for j, ctx in zip(live, ctxs):  # drop the drafted pairs: only the committed ones stay
             assert self._kv is not None  # _take_in ran a forward
             self._kv.cut(ctx, len(requests[j].token_ids) - 1 - ctx.start)

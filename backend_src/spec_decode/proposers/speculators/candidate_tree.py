@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ...sampling import NoisePurpose
-from ..base import Proposal, ProposalRequest, draft_distribution, top_k_to_host
+from ..base import Proposal, ProposalRequest, by_shape, draft_distribution, top_k_to_host
 from .base import HeadProposer
 
 
@@ -112,16 +112,8 @@ def propose_heads(proposer: HeadProposer, requests: list[ProposalRequest], purpo
     """Drafts of a chain head for a round: the requests that take trees (``tree``, k >= 2) a candidate tree each
     (:func:`propose_tree`), the others ``chain(proposer, requests, purpose)`` together (the batched chain drafting)."""
     trees = [j for j, r in enumerate(requests) if r.tree and r.k > 1]
-    if not trees:
-        return chain(proposer, requests, purpose)
-    out = [Proposal.empty() for _ in requests]
-    rest = [j for j in range(len(requests)) if j not in set(trees)]
-    if rest:
-        for j, p in zip(rest, chain(proposer, [requests[j] for j in rest], purpose)):
-            out[j] = p
-    for j in trees:
-        out[j] = propose_tree(proposer, requests[j])
-    return out
+    return by_shape(len(requests), trees, lambda rows: chain(proposer, [requests[j] for j in rows], purpose),
+                    lambda rows: [propose_tree(proposer, requests[j]) for j in rows])
 
 
 __all__ = ["Candidate", "candidate_path", "propose_heads", "propose_tree", "select_nodes"]
