@@ -45,7 +45,7 @@ def test_greedy_output_equals_target_greedy(server, greedy_references, method):
 def test_streaming_sends_multi_token_steps_that_concatenate(server, real_tokenizer, greedy_references):
     prompt, ref = greedy_references[0]
     r = stream_generate(server.grpc_url, prompt, N_TOKENS, speculative_method="draft", num_draft_tokens=4,
-                        return_log_probs=True)
+                        return_log_probs=True, draft_tree=False)  # the self-draft's chains (its trees branch)
     assert len(r.responses) > 3
     lps = r.stats["output_log_probs"]
     assert len(lps) == len(r.output_ids) and all(lp <= 0.0 for lp in lps)
@@ -58,14 +58,15 @@ def test_streaming_sends_multi_token_steps_that_concatenate(server, real_tokeniz
 
 def test_max_tokens_end_id_and_stop_word_inside_accepted_run(server, real_tokenizer, greedy_references):
     prompt, ref = greedy_references[1]
-    # k=4 and every draft accepted: steps emit 5 tokens; 7 ends inside the second step's run.
-    r = stream_generate(server.grpc_url, prompt, 7, speculative_method="draft", num_draft_tokens=4)
+    # k=4 and every draft of the self-draft's chains accepted: steps emit 5 tokens; 7 ends inside the second step's run
+    chains = {"draft_tree": False}
+    r = stream_generate(server.grpc_url, prompt, 7, speculative_method="draft", num_draft_tokens=4, **chains)
     assert r.output_ids == ref[:7] and r.stats["finish_reason"] == "length"
     assert r.stats["num_emitted_tokens"] == 7
 
     pos = next(i for i in range(6, len(ref)) if ref[i] not in ref[:i] and i % 5 not in (0, 4))
     r = stream_generate(server.grpc_url, prompt, N_TOKENS, speculative_method="draft", num_draft_tokens=4,
-                        end_id=ref[pos])  # k=4 as above (not the server's default): pos lies inside a step's run
+                        end_id=ref[pos], **chains)  # k=4 as above (not the server's default): pos inside a step's run
     assert r.output_ids == ref[:pos] and r.stats["finish_reason"] == "stop"
     assert r.stats["num_emitted_tokens"] == pos
 
@@ -74,7 +75,7 @@ def test_max_tokens_end_id_and_stop_word_inside_accepted_run(server, real_tokeni
     start = len(real_tokenizer.decode(ref[:8], skip_special_tokens=True))
     word = next(full[a : a + 4] for a in range(start, len(full) - 30) if full.index(full[a : a + 4]) == a)
     r = stream_generate(server.grpc_url, prompt, N_TOKENS, speculative_method="draft", num_draft_tokens=4,
-                        stop_words=[word])
+                        stop_words=[word], **chains)
     assert r.text == full[: full.index(word)] and r.stats["finish_reason"] == "stop"
     assert word not in r.text and len(r.output_ids) < len(ref)
 
