@@ -200,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--acceptance", dest="acceptance_method", choices=["rejection", "typical"], default=None,
                     help="acceptance_method: rejection (lossless, default) or typical (faster, not lossless)")
     ap.add_argument("--num-draft-tokens", type=int, default=None)
+    ap.add_argument("--draft-tree", dest="draft_tree", default=None, action=argparse.BooleanOptionalAction,
+                    help="draft_tree: --draft-tree lets the proposer draft a tree, --no-draft-tree asks for chains "
+                         "(the server's default when omitted; docs/trees.md)")
     ap.add_argument("--temperature", type=float, default=None)
     ap.add_argument("--top-k", type=int, default=None)
     ap.add_argument("--top-p", type=float, default=None)
@@ -215,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         prompts = humaneval_prompts(args.humaneval or 1)
     params = {k: getattr(args, k) for k in ("speculative_method", "acceptance_method", "num_draft_tokens",
-                                            "temperature", "top_k", "top_p", "random_seed", "stop_words")}
+                                            "draft_tree", "temperature", "top_k", "top_p", "random_seed",
+                                            "stop_words")}
     from tritonclient.utils import InferenceServerException
 
     try:

@@ -155,7 +155,8 @@ class TargetBackend(BatchedBackend):
             heads = SpeculatorSettings.from_params(draft_params or {}).speculator_path
             return tuple(aux_hidden_state_layers(heads, TargetInfo.from_folder(path).num_layers))
         except (SpeculatorLoadError, ValueError, OSError) as e:  # draft_model fails its load with the same error
-            logger.warning("target_model: no auxiliary hidden states for draft_model's speculators (%s)", e)
+            logger.warning("target_model: draft_model's speculator settings do not load (%s); draft_model fails its "
+                           "load with the same error, and target_model returns no auxiliary hidden states", e)
             return ()
 
     def _refresh_gauges(self) -> None:
