@@ -278,6 +278,14 @@ def draft_token(logits: torch.Tensor, request: ProposalRequest, purpose: NoisePu
     return sample_from(probs, generator_for(request.params.seed, request.step, purpose, slot)), probs
 
 
+def takes_tree(request: ProposalRequest) -> bool:
+    """Whether a model proposer whose chains are drawn from its distribution drafts ``request`` as a tree: only a
+    greedy request that takes trees. A sampled request gets a chain: its drafts drawn from q (raced against the
+    target's own noise when seeded) are accepted with min(1, p/q), which a tree's chosen nodes (one-hot q, accepted
+    with p) fall far short of; both are exact."""
+    return request.tree and request.params.is_greedy
+
+
 def by_shape(count: int, trees: list[int], draft_chains: Callable[[list[int]], list[Proposal]],
              draft_trees: Callable[[list[int]], list[Proposal]]) -> list[Proposal]:
     """The proposals of a round's ``count`` rows when the rows ``trees`` (indices, ascending) draft trees and the

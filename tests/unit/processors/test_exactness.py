@@ -153,9 +153,7 @@ def test_sampled_output_keeps_the_processed_target_law(step, real_tokenizer, tar
     seen = []
     accepted = 0
     for s in range(n):
-        # the self-draft as chains (coupled draws, mostly accepted); the draft LM ("draft") drafts its trees
-        gen, _ = _run(step, real_tokenizer, method, 3, 3, spec=spec, seq=1000 + s, temperature=1.0, random_seed=s,
-                      draft_tree=method != "self")
+        gen, _ = _run(step, real_tokenizer, method, 3, 3, spec=spec, seq=1000 + s, temperature=1.0, random_seed=s)
         a, b, c = (gen.output_ids + [0])[:3]  # the end id that stopped it is not emitted
         seen.append((a * V + b) * V + c)
         accepted += gen.stats.accepted_tokens

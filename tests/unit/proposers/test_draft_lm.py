@@ -84,7 +84,7 @@ def test_a_round_s_trees_and_chains_draft_as_alone_and_trees_that_never_branch_a
         alone = DraftModelProposer(CachedCausalLM(tiny_lm), None, 0.0, tree_top_k=2, branch_prob=0.7).propose([r])[0]
         assert t.draft_token_ids.tolist() == alone.draft_token_ids.tolist()
         assert (t.draft_parents is None) == (alone.draft_parents is None)
-        assert (t.draft_probs is None) == r.tree
+        assert (t.draft_probs is None) == (r.tree and r.params.is_greedy)  # a sampled request drafts a chain
     never = DraftModelProposer(CachedCausalLM(tiny_lm), None, 0.0, tree_top_k=2, branch_prob=0.0)
     greedy = [replace(r, params=SamplingParams()) for r in reqs]
     chains = DraftModelProposer(CachedCausalLM(tiny_lm), None, 0.0).propose([replace(r, tree=False) for r in greedy])

@@ -25,7 +25,7 @@ from ...engine.kv_cache import CachedCausalLM
 from ...engine.model_loading import load_cached_lm
 from ...sampling import NoisePurpose
 from ...settings import InvalidInputError, LMSettings, in_range
-from ..base import Proposal, ProposalRequest, Proposer, by_shape, draft_token, slot_outcomes
+from ..base import Proposal, ProposalRequest, Proposer, by_shape, draft_token, slot_outcomes, takes_tree
 from .artifacts import draft_lm_configured, resolve_draft_path
 from .tree import draft_lm_trees
 
@@ -156,7 +156,7 @@ class DraftModelProposer(Proposer):
             ValueError: a token id outside the draft's vocabulary, or a repeated seq_id.
         """
         ks = [self.room(r) for r in requests]
-        trees = [j for j, (r, k) in enumerate(zip(requests, ks)) if r.tree and k > 1 and self.tree_top_k > 1]
+        trees = [j for j, (r, k) in enumerate(zip(requests, ks)) if takes_tree(r) and k > 1 and self.tree_top_k > 1]
         return by_shape(len(requests), trees,
                         lambda rows: self._chains([requests[j] for j in rows], [ks[j] for j in rows]),
                         lambda rows: draft_lm_trees(self, [requests[j] for j in rows], [ks[j] for j in rows]))
