@@ -158,8 +158,31 @@ class ConfigSettings:
                 continue
             raw = str(params[key]).strip()
             if raw or isinstance(f.default, str):
-                values[f.name] = _convert(key, raw, f.default)
+                try:
+                    values[f.name] = _convert(key, raw, f.default)
+                except ValueError as e:
+                    allowed = cls._allowed(f.name)
+                    raise ValueError(f"{e}{'; ' + allowed if allowed else ''}") from None
         return cls(**values)
+
+    @classmethod
+    def _allowed(cls, name: str) -> str:
+        """What :meth:`check` allows for the number field ``name`` (its range, as its error says it: "must be in [1,
+        10]"), found by checking the defaults with NaN there (no range holds NaN); "" when it says nothing."""
+        default = next(f.default for f in fields(cls) if f.name == name)
+        if isinstance(default, (bool, str)):
+            return ""
+        probe = object.__new__(cls)
+        for f in fields(cls):
+            object.__setattr__(probe, f.name, math.nan if f.name == name else f.default)
+        try:
+            probe.check()
+        except InvalidInputError as e:
+            if e.field == name:
+                return e.detail.rsplit(", got ", 1)[0]
+        except (TypeError, ValueError):
+            pass
+        return ""
 
 
 def warn_unknown_parameters(model: str, params: Mapping[str, str], known: set[str]) -> None:

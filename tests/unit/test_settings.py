@@ -57,6 +57,14 @@ def test_from_params_converts_types_and_names_bad_values():
         VerifierSettings.from_params({"acceptance_method": "maybe"})
     with pytest.raises(ValueError, match=r"config parameter 'typical_alpha': allowed values are finite numbers"):
         VerifierSettings.from_params({"typical_alpha": "-1"})
+    # a value that is not a number also names what is allowed, where the setting has a range
+    from spec_decode.proposers import DraftLMSettings
+    from spec_decode.proposers.speculators import SpeculatorSettings
+
+    with pytest.raises(ValueError, match=r"'tree_top_k': expected int, got 'abc'; must be in \[1, 10\]$"):
+        SpeculatorSettings.from_params({"tree_top_k": "abc"})
+    with pytest.raises(ValueError, match=r"'draft_branch_prob': expected float, got 'x'; must be in \[0.0, 1.0\]"):
+        DraftLMSettings.from_params({"draft_branch_prob": "x"})
 
 
 def test_a_string_setting_keeps_an_empty_value_and_numbers_are_range_checked():
