@@ -33,7 +33,7 @@ class GenerationResult:
             (output_log_probs, output_token_ranks: one value per output id; top_log_probs, top_log_prob_ids: a list of
             N per output id) and the prompt's (prompt_log_probs, prompt_token_ranks, prompt_top_log_probs,
             prompt_top_log_prob_ids), when the request asked for them; with ``speculative_method=auto``,
-            auto_methods and auto_num_draft_tokens (its choice at each step).
+            auto_methods, auto_num_draft_tokens, auto_draft_trees and auto_tree_top_k (its choice at each step).
     """
 
     text: str = ""
@@ -59,11 +59,11 @@ def build_inputs(prompt: str, max_tokens: int, **params):
     """gRPC input tensors for ``generate``: text_input, max_tokens, plus any optional input given (None = omitted).
 
     Optional keyword names and types: temperature, top_p, repetition_penalty, presence_penalty, frequency_penalty
-    (FP32); top_k, num_draft_tokens, end_id, min_tokens, min_length, top_logprobs, prompt_logprobs, beam_width,
-    num_return_sequences, n (INT32); random_seed (UINT64); stream, exclude_input_in_output, return_log_probs,
-    ignore_eos, draft_tree (BOOL); speculative_method, acceptance_method, guided_decoding_guide_type,
-    guided_decoding_guide (STRING); stop_words, bad_words (list of STRING); stop_token_ids (list of INT32).
-    docs/client.md has their meaning.
+    (FP32); top_k, num_draft_tokens, tree_top_k, tree_depth, end_id, min_tokens, min_length, top_logprobs,
+    prompt_logprobs, beam_width, num_return_sequences, n (INT32); random_seed (UINT64); stream,
+    exclude_input_in_output, return_log_probs, ignore_eos, draft_tree (BOOL); speculative_method, acceptance_method,
+    guided_decoding_guide_type, guided_decoding_guide (STRING); stop_words, bad_words (list of STRING); stop_token_ids
+    (list of INT32). docs/client.md has their meaning.
 
     Raises:
         ValueError: a name that is not an input of generate.
@@ -73,8 +73,8 @@ def build_inputs(prompt: str, max_tokens: int, **params):
     types = {name: ("FP32", np.float32) for name in ("temperature", "top_p", "repetition_penalty",
                                                     "presence_penalty", "frequency_penalty")}
     types.update({name: ("INT32", np.int32) for name in (
-        "top_k", "num_draft_tokens", "end_id", "min_tokens", "min_length", "top_logprobs", "prompt_logprobs",
-        "beam_width", "num_return_sequences", "n")})
+        "top_k", "num_draft_tokens", "tree_top_k", "tree_depth", "end_id", "min_tokens", "min_length", "top_logprobs",
+        "prompt_logprobs", "beam_width", "num_return_sequences", "n")})
     types.update({name: ("BOOL", np.bool_) for name in ("stream", "exclude_input_in_output", "return_log_probs",
                                                        "ignore_eos", "draft_tree")})
     types.update({name: ("BYTES", np.object_) for name in ("speculative_method", "acceptance_method",
@@ -172,7 +172,9 @@ def stream_generate(url: str, prompt: str, max_tokens: int, on_text=None, timeou
                         result.stats[name] = res.as_numpy(name).tolist()
                 if "auto_methods" in names:  # speculative_method=auto: its choice at each step
                     result.stats["auto_methods"] = [m.decode() for m in res.as_numpy("auto_methods").reshape(-1)]
-                    result.stats["auto_num_draft_tokens"] = res.as_numpy("auto_num_draft_tokens").reshape(-1).tolist()
+                    for name in ("auto_num_draft_tokens", "auto_draft_trees", "auto_tree_top_k"):
+                        if name in names:
+                            result.stats[name] = res.as_numpy(name).reshape(-1).tolist()
             if final:
                 result.total_s = t - t0
                 return result
@@ -203,6 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-tree", dest="draft_tree", default=None, action=argparse.BooleanOptionalAction,
                     help="draft_tree: --draft-tree lets the proposer draft a tree, --no-draft-tree asks for chains "
                          "(the server's default when omitted; docs/trees.md)")
+    ap.add_argument("--tree-top-k", dest="tree_top_k", type=int, default=None,
+                    help="tree_top_k: the tree's children per expanded node, 1-10 (draft_model's config when omitted)")
+    ap.add_argument("--tree-depth", dest="tree_depth", type=int, default=None,
+                    help="tree_depth: the tree's levels at most, 1-64 (draft_model's config when omitted)")
     ap.add_argument("--temperature", type=float, default=None)
     ap.add_argument("--top-k", type=int, default=None)
     ap.add_argument("--top-p", type=float, default=None)
@@ -218,8 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         prompts = humaneval_prompts(args.humaneval or 1)
     params = {k: getattr(args, k) for k in ("speculative_method", "acceptance_method", "num_draft_tokens",
-                                            "draft_tree", "temperature", "top_k", "top_p", "random_seed",
-                                            "stop_words")}
+                                            "draft_tree", "tree_top_k", "tree_depth", "temperature", "top_k",
+                                            "top_p", "random_seed", "stop_words")}
     from tritonclient.utils import InferenceServerException
 
     try:

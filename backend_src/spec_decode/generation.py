@@ -68,6 +68,8 @@ class GenerationStats:
     emitted_tokens: int = 0
     step_methods: list[str] = field(default_factory=list)  # speculative_method=auto: the method of each step
     step_draft_tokens: list[int] = field(default_factory=list)  # and the k it chose
+    step_draft_trees: list[bool] = field(default_factory=list)  # and whether it chose a tree
+    step_tree_top_k: list[int] = field(default_factory=list)  # and that tree's width (0: the config's, or none)
 
 
 class Generation:
@@ -159,7 +161,8 @@ class Generation:
         tree = req.draft_tree and not (spec is not None and spec.chains_only(len(self.token_ids)))
         return StepInputs(self.seq_id, list(self.token_ids), k, req.speculative_method, self.params, self.stats.steps,
                           req.acceptance_method, self.hidden_states, self.processors, self.cached_len,
-                          auto=req.speculative_method == AUTO, draft_tree=bool(tree))
+                          auto=req.speculative_method == AUTO, draft_tree=bool(tree), tree_top_k=req.tree_top_k,
+                          tree_depth=req.tree_depth)
 
     def _held_back(self) -> int:
         """Characters at the end of ``text`` that could begin a stop word (not sent until resolved)."""
@@ -217,6 +220,8 @@ class Generation:
         if step is not None and step.auto:
             self.stats.step_methods.append(step.method)
             self.stats.step_draft_tokens.append(step.num_draft_tokens)
+            self.stats.step_draft_trees.append(step.draft_tree)
+            self.stats.step_tree_top_k.append(step.tree_top_k if step.draft_tree else 0)
         accepted_in_step = len(result.output_ids) - 1
         # a tree's k is its node budget: the step counts as wholly accepted when its deepest path was
         depth = result.num_draft_tokens if result.draft_depth is None else result.draft_depth

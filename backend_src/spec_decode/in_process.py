@@ -47,7 +47,7 @@ def run_step(inp: StepInputs, proposers: dict[str, Proposer], scorer: TargetScor
         if proposer.needs_hidden_states and inp.hidden_states is not None and len(inp.hidden_states):
             hidden = torch.as_tensor(inp.hidden_states, dtype=torch.float32)
         proposal = proposer.propose_one(inp.seq_id, inp.token_ids, inp.num_draft_tokens, inp.params, inp.step, hidden,
-                                        inp.processors, inp.draft_tree)
+                                        inp.processors, inp.draft_tree, inp.tree_top_k, inp.tree_depth)
     else:
         proposal = Proposal.empty()
     drafts = proposal.draft_token_ids

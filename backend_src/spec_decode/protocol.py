@@ -56,6 +56,8 @@ class StepInputs:
             and scores nothing (:meth:`~spec_decode.engine.scorer.TargetScorer.chunk_end`). 0: no bound.
         draft_tree: the proposer may draft a tree of at most ``num_draft_tokens`` nodes (:mod:`spec_decode.tree`);
             else a chain.
+        tree_top_k: that tree's children per expanded node, or 0: draft_model's configured width.
+        tree_depth: that tree's levels at most, or 0: draft_model's configured depth.
     """
 
     seq_id: int
@@ -71,6 +73,8 @@ class StepInputs:
     auto: bool = False
     num_scheduled_tokens: int = 0
     draft_tree: bool = False
+    tree_top_k: int = 0
+    tree_depth: int = 0
 
     @property
     def drafts(self) -> bool:

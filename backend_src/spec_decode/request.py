@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from .processors import ProcessorSpec
 from .sampling import SamplingParams
 from .settings import GenerateSettings, InvalidInputError, check_acceptance_method, in_range
+from .tree import MAX_TREE_DEPTH, MAX_TREE_TOP_K
 
 _DEFAULTS = GenerateSettings()
 
@@ -45,6 +46,8 @@ class GenerationRequest:
     ignore_eos: bool = False  # as vLLM's: generate max_tokens tokens whatever the EOS token (end_id still stops)
     num_draft_tokens: int = _DEFAULTS.num_draft_tokens
     draft_tree: bool = _DEFAULTS.draft_tree  # drafts as a tree of at most num_draft_tokens nodes, or a chain
+    tree_top_k: int = 0  # that tree's children per expanded node (EAGLE-2's top_k); 0: draft_model's config
+    tree_depth: int = 0  # that tree's levels at most (EAGLE-2's depth); 0: draft_model's config
     speculative_method: str = _DEFAULTS.default_speculative_method
     acceptance_method: str = ""  # "" = the verifier's configured default
     # logits processors (spec_decode.processors): vLLM's formulas, TensorRT-LLM's names
@@ -67,6 +70,8 @@ class GenerationRequest:
             in_range("random_seed", self.random_seed, 0)
         if self.acceptance_method:
             check_acceptance_method("acceptance_method", self.acceptance_method)
+        in_range("tree_top_k", self.tree_top_k, 0, MAX_TREE_TOP_K, " (0: draft_model's config)")
+        in_range("tree_depth", self.tree_depth, 0, MAX_TREE_DEPTH, " (0: draft_model's config)")
         # the processors' own rules (penalty ranges, top_logprobs, prompt_logprobs), on a stand-in prompt length
         ProcessorSpec(1, self.repetition_penalty, self.presence_penalty, self.frequency_penalty, self.min_tokens,
                       top_logprobs=self.top_logprobs, prompt_logprobs=self.prompt_logprobs)

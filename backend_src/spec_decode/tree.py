@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from .settings import InvalidInputError
 
 ROOT = -1  # the parent of a root-level node: the last committed token
+MAX_TREE_TOP_K = 10  # children per expanded node at most (``tree_top_k``: EAGLE-2's configs use 10)
+MAX_TREE_DEPTH = 64  # a dynamic tree's levels at most (``tree_depth``)
 
 
 def chain_parents(n: int) -> list[int]:
@@ -160,5 +162,5 @@ def merge_paths(paths: Sequence[Sequence[int]], max_nodes: int) -> tuple[list[in
     return tokens, parents
 
 
-__all__ = ["ROOT", "accepted_nodes", "chain_parents", "check_tree", "children", "depths", "is_chain", "matched_path",
-           "merge_paths", "path_of", "path_tokens", "rows_of"]
+__all__ = ["MAX_TREE_DEPTH", "MAX_TREE_TOP_K", "ROOT", "accepted_nodes", "chain_parents", "check_tree", "children",
+           "depths", "is_chain", "matched_path", "merge_paths", "path_of", "path_tokens", "rows_of"]

@@ -34,6 +34,10 @@ def test_auto_greedy_equals_target_greedy_and_reports_its_choice_per_step(server
         assert set(methods) <= SINGLES and all(0 <= k <= 4 for k in ks)
         assert all((k == 0) == (m == "none") for m, k in zip(methods, ks))
         assert r.stats["num_draft_tokens_total"] <= sum(ks)  # a proposer drafts at most the k auto chose
+        trees, widths = r.stats["auto_draft_trees"], r.stats["auto_tree_top_k"]
+        assert len(trees) == len(widths) == len(ks) and all(k > 1 for t, k in zip(trees, ks) if t)
+        # a model proposer's trees take a width auto chose (AUTO_TREE_TOP_KS); chains and model-free trees none
+        assert all((w in (2, 4, 8)) == (t and m not in ("suffix", "ngram")) for t, w, m in zip(trees, widths, methods))
         steps += len(methods)
         chosen |= set(methods)
     assert chosen - {"none"}  # it speculated somewhere

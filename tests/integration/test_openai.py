@@ -241,8 +241,19 @@ def test_logprob_bytes_of_split_characters_rebuild_the_content(sync_client, fron
         assert all(t in top for t, top in zip(tokens, tops))
 
 
+def test_the_draft_tree_controls_are_taken_and_output_stays_the_targets(sync_client, frontend, real_tokenizer,
+                                                                      chat_reference):
+    """draft_tree, tree_top_k and tree_depth ride in the body as generate's inputs of those names."""
+    for shape in ({"draft_tree": False}, {"draft_tree": True, "tree_top_k": 2, "tree_depth": 2}):
+        r = sync_client.chat.completions.create(model=frontend.served_name, messages=MESSAGES, max_tokens=N,
+                                                temperature=0, extra_body={"speculative_method": "eagle3",
+                                                                           "num_draft_tokens": 6, **shape})
+        assert r.choices[0].message.content == real_tokenizer.decode(chat_reference, skip_special_tokens=True), shape
+
+
 @pytest.mark.parametrize("kw,status,param", [
     ({"temperature": -1.0}, 400, "temperature"),
+    ({"extra_body": {"tree_top_k": 11}}, 400, "tree_top_k"),
     ({"n": 2}, 400, "n"),
     ({"extra_body": {"speculative_method": "bogus"}}, 400, "speculative_method"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, 400, "tools"),

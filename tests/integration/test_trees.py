@@ -72,6 +72,21 @@ def test_head_candidate_trees_equal_target_greedy_alone_and_concurrently(server,
              timeout_s=10)
 
 
+def test_a_request_s_tree_top_k_and_tree_depth_keep_greedy_output_the_target_s(server, greedy_references):
+    """Per-request tree shapes (tree_top_k, tree_depth: the config's tree_top_k / tree_depth for that request alone)
+    with EAGLE-3 and the draft LM (the target drafting for itself): greedy output is the target's; a width out of
+    range is refused, naming it and the range, and the server goes on serving."""
+    from tritonclient.utils import InferenceServerException
+
+    prompt, ref = greedy_references[0]
+    for method in ("eagle3", "draft"):
+        for shape in ({"tree_top_k": 1}, {"tree_top_k": 8, "tree_depth": 2}, {"tree_top_k": 3}):
+            assert _ids(server.grpc_url, prompt, method, True, **shape) == ref[:N_TOKENS], (method, shape)
+    with pytest.raises(InferenceServerException, match=r"tree_top_k.*\[0, 10\]"):
+        _ids(server.grpc_url, prompt, "eagle3", True, tree_top_k=11)
+    assert _ids(server.grpc_url, prompt, "eagle3", True, tree_depth=1) == ref[:N_TOKENS]
+
+
 def test_a_seeded_sampled_request_gives_the_same_tokens_with_trees_chains_and_none(server, greedy_references):
     prompt = greedy_references[3][0]
     kw = dict(temperature=0.8, top_p=0.95, random_seed=7)

@@ -18,6 +18,7 @@ from spec_decode.scheduler.auto import (
     AutoController,
     RoundCost,
     _Sequence,
+    arm,
     expected_tokens,
     step_trials,
 )
@@ -371,3 +372,41 @@ def test_auto_chooses_trees_where_their_depth_pays_and_chains_where_it_does_not(
     assert not any(tree for _, _, tree in never)
     with pytest.raises(ValueError, match="tree methods"):
         AutoController(["ngram"], tree_methods=["eagle3"])
+
+
+def test_auto_tries_each_tree_width_then_keeps_the_one_that_reaches_deepest():
+    """With width methods, each width (tree_top_k) is an arm of its own: the widths are tried in order, one step each
+    at first, then the trees take the width whose trees emit the most (here width 4: its trees reach k/2 deep, every
+    depth accepted, where width 2's and 8's reach one level); the step carries the width, and a request's own
+    tree_top_k is kept. A sampled request gets no tree from a proposer that trees only greedy requests."""
+    ctrl = AutoController(["eagle3"], ["eagle3"], ["eagle3"], greedy_tree_methods=["eagle3"],
+                          width_methods=["eagle3"], tree_top_ks=(2, 4, 8), cost=FixedCost(prior=CPU_CURVE))
+    widths = []
+    for _ in range(40):
+        (inp,) = ctrl.plan([StepInputs(1, [1, 2, 3], 8, AUTO, SamplingParams(), 0, cached_len=2, auto=True,
+                                       draft_tree=True)])
+        k = inp.num_draft_tokens
+        if inp.draft_tree:
+            widths.append(inp.tree_top_k)
+            depth = max(1, k // 2) if inp.tree_top_k == 4 else 1
+            result = StepResult(list(range(depth + 1)), k, draft_depth=depth)
+        else:
+            widths.append(0)
+            result = StepResult([0], k)
+        ctrl.observe([inp], [result], 0.05)
+    assert widths[:3] == [2, 4, 8] and set(widths[-10:]) == {4}, widths
+    value = {w: expected_tokens(ctrl.alpha(1, "eagle3", True, w), ctrl.depth_ratio(1, "eagle3", w) * 8)
+             for w in (2, 4, 8)}
+    assert value[4] > max(value[2], value[8]), value
+    (own,) = ctrl.plan([StepInputs(2, [1, 2, 3], 8, AUTO, SamplingParams(), 0, cached_len=2, auto=True,
+                                   draft_tree=True, tree_top_k=3)])
+    assert own.tree_top_k == 3
+    sampled = SamplingParams(temperature=1.0, seed=1)
+    for _ in range(5):
+        (inp,) = ctrl.plan([StepInputs(3, [1, 2, 3], 8, AUTO, sampled, 0, cached_len=2, auto=True, draft_tree=True)])
+        assert not inp.draft_tree and inp.tree_top_k == 0
+        ctrl.observe([inp], [StepResult(list(range(min(inp.num_draft_tokens, 2) + 1)), inp.num_draft_tokens)], 0.05)
+    assert "eagle3+tree" not in ctrl.sequences[3].stats  # its chains were counted as chains
+    assert arm("eagle3", True, 4) == "eagle3+tree4" and arm("suffix", True) == "suffix+tree"
+    with pytest.raises(ValueError, match="width methods"):
+        AutoController(["eagle3"], tree_methods=[], width_methods=["eagle3"])

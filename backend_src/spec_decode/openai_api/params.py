@@ -2,7 +2,8 @@
 
 ``POST /v1/completions`` and ``POST /v1/chat/completions`` bodies follow OpenAI's API reference; the controls OpenAI
 does not have ride in the body as vLLM's server takes them (``top_k``, ``min_tokens``, ``repetition_penalty``,
-``ignore_eos``, ``stop_token_ids``, ``speculative_method``, ``num_draft_tokens``, ``acceptance_method``). Each becomes
+``ignore_eos``, ``stop_token_ids``, ``speculative_method``, ``num_draft_tokens``, ``acceptance_method``; the draft
+tree's ``draft_tree``, ``tree_top_k`` and ``tree_depth``). Each becomes
 the ``generate`` input of docs/client.md of the same meaning; what ``generate`` checks itself (ranges, the methods the
 server offers) is left to it and its error comes back naming the OpenAI parameter (:func:`.errors.from_triton`).
 What cannot be served (``n`` > 1, tools, images, ``logit_bias``, ``suffix``) is refused here with a 400 naming the
@@ -36,6 +37,9 @@ _SCALARS = {
     "top_k": ("top_k", np.int32, int),
     "min_tokens": ("min_tokens", np.int32, int),
     "num_draft_tokens": ("num_draft_tokens", np.int32, int),
+    "draft_tree": ("draft_tree", np.bool_, bool),
+    "tree_top_k": ("tree_top_k", np.int32, int),
+    "tree_depth": ("tree_depth", np.int32, int),
     "ignore_eos": ("ignore_eos", np.bool_, bool),
     "speculative_method": ("speculative_method", np.object_, str),
     "acceptance_method": ("acceptance_method", np.object_, str),

@@ -84,6 +84,9 @@ class ProposalRequest:
             applies them to its own distribution (:func:`draft_token`), so it does not draft tokens the target
             would give probability zero.
         tree: the proposer may return a tree of at most ``k`` nodes (``Proposal.draft_parents``); else a chain.
+        tree_top_k: the tree's children per expanded node (EAGLE-2's ``top_k``; the draft LM's branches), or 0: the
+            proposer's configured width (:meth:`tree_shape`).
+        tree_depth: the tree's levels at most (EAGLE-2's ``depth``), or 0: the proposer's configured depth.
     """
 
     seq_id: int
@@ -94,6 +97,15 @@ class ProposalRequest:
     hidden_states: torch.Tensor | None = None
     processors: ProcessorSpec | None = None
     tree: bool = False
+    tree_top_k: int = 0
+    tree_depth: int = 0
+
+    def tree_shape(self, top_k: int, depth: int) -> tuple[int, int]:
+        """(children per expanded node, levels at most) of this request's tree: its own ``tree_top_k`` and
+        ``tree_depth`` where set (> 0), else the proposer's configured ``top_k`` and ``depth``; the levels are capped
+        by ``k`` (a depth of 0 means up to ``k``)."""
+        depth = self.tree_depth or depth or self.k
+        return self.tree_top_k or top_k, min(depth, self.k)
 
     def position(self, slot: int) -> int:
         """The absolute position of the draft at ``slot`` (0-based) of this step: ``len(token_ids) + slot``, the index
@@ -127,6 +139,10 @@ class Proposer:
         applies_processors: True when it drafts from its own distribution through :func:`draft_token`, which applies
             the request's logits processors (draft_model then gives it ``grammar``, its grammar matchers, for
             structured output). Default False (the target rejects the drafts the processors forbid).
+        tree_widths: True when its trees take a width, ``tree_top_k`` (the heads, the draft LM): ``auto`` chooses
+            it per step. Default False (the model-free proposers' trees follow their matches).
+        greedy_trees: True when it drafts trees for greedy requests only (:func:`takes_tree`: the proposers whose
+            chains are drawn); ``auto`` then offers it a sampled request's steps as chains. Default False.
 
     Subclasses implement :meth:`propose` and override, where the defaults do not fit: :meth:`from_config` (default
     ``cls(settings)``), :meth:`configured` (default True), :meth:`check`, :meth:`observe` and :meth:`release`
@@ -138,6 +154,8 @@ class Proposer:
     needs_hidden_states: ClassVar[bool] = False
     GAUGES: ClassVar[dict[str, str]] = {}
     applies_processors: ClassVar[bool] = False  # drafts from a distribution through draft_token (draft LM, EAGLE)
+    tree_widths: ClassVar[bool] = False  # its trees take a width (tree_top_k)
+    greedy_trees: ClassVar[bool] = False  # it drafts trees for greedy requests only (takes_tree)
     grammar: GrammarCache | None = None  # draft_model's grammar matchers, set on proposers that apply processors
 
     def __init__(self, settings: ConfigSettings | None = None) -> None:
@@ -192,13 +210,14 @@ class Proposer:
 
     def propose_one(self, seq_id: int, token_ids: list[int], k: int, params: SamplingParams | None = None,
                     step: int = 0, hidden_states: torch.Tensor | None = None,
-                    processors: ProcessorSpec | None = None, tree: bool = False) -> Proposal:
+                    processors: ProcessorSpec | None = None, tree: bool = False, tree_top_k: int = 0,
+                    tree_depth: int = 0) -> Proposal:
         """:meth:`propose` for one sequence (``params`` None: greedy), for tests, benchmarks and the in-process
         transport; an empty proposal when ``k`` <= 0."""
         if k <= 0:
             return Proposal.empty()
         return self.propose([ProposalRequest(seq_id, list(token_ids), k, params or SamplingParams(), step,
-                                             hidden_states, processors, tree)])[0]
+                                             hidden_states, processors, tree, tree_top_k, tree_depth)])[0]
 
     def check(self, request: ProposalRequest) -> None:
         """Raise ValueError (:class:`~spec_decode.settings.InvalidInputError`, naming the input) when ``request``

@@ -9,9 +9,9 @@ via Speculative Decoding", eq. 1), and the round costs ``c(P)`` seconds for the 
 
 Three parts, no I/O (the round's :class:`~.plan.Scheduler` feeds them, in generate and in process alike):
 
-- :class:`AcceptanceStats`: each sequence's acceptance per proposer, as decayed Bernoulli counts, with a prior from
-  the server's recent acceptance of that proposer (what a sequence that has not tried it starts from), and probes
-  with exponential backoff of a proposer the rule left;
+- :class:`~.acceptance.AcceptanceStats`: each sequence's acceptance per proposer and shape, as decayed Bernoulli
+  counts, with a prior from the server's recent acceptance of that proposer (what a sequence that has not tried it
+  starts from), and probes with exponential backoff of a proposer the rule left;
 - :class:`~.round_cost.RoundCost`: the round's cost as a function of the sequences in it and the positions it
   scores, learned from the target's forward seconds each round reports and the round's own time, plus what each
   model proposer and the draft_model hop add to a round;
@@ -29,69 +29,12 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..protocol import AUTO, NO_SPECULATION, StepInputs, StepResult
+from .acceptance import TREE_ARM, AcceptanceStats, arm, expected_tokens, step_trials
 from .round_cost import DRAFT_HOP, RoundCost
 
-
-def expected_tokens(alpha: float, k: float) -> float:
-    """Expected tokens emitted by a step that drafts ``k`` tokens, each accepted with probability ``alpha`` given
-    the previous ones were (Leviathan et al. 2023, eq. 1): ``(1 - alpha**(k+1)) / (1 - alpha)``; k + 1 at alpha 1.
-    A fractional k (a tree's expected depth, :meth:`AutoController.depth_ratio`) interpolates.
-
-    Raises:
-        ValueError: alpha outside [0, 1] or k < 0.
-    """
-    if not 0.0 <= alpha <= 1.0 or k < 0:
-        raise ValueError(f"alpha must be in [0, 1] and k >= 0, got {alpha}, {k}")
-    if alpha >= 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
-
-def step_trials(drafted: int, accepted: int) -> tuple[int, int]:
-    """(successes, trials) of one verified step for a per-token acceptance estimate: the drafts are tried in order
-    until the first rejection, so ``accepted`` successes and one failure unless every draft was accepted.
-
-    Raises:
-        ValueError: accepted outside [0, drafted].
-    """
-    if not 0 <= accepted <= drafted:
-        raise ValueError(f"accepted must be in [0, drafted={drafted}], got {accepted}")
-    return accepted, accepted + (1 if accepted < drafted else 0)
-
-
-@dataclass
-class AcceptanceStats:
-    """Decayed per-token acceptance counts (successes, trials) of one proposer for one sequence or for the server.
-
-    Every :meth:`decay` multiplies both counts by a factor, so recent steps weigh most.
-    """
-
-    successes: float = 0.0
-    trials: float = 0.0
-
-    def add(self, successes: int, trials: int) -> None:
-        """Count one step's (successes, trials) (:func:`step_trials`)."""
-        self.successes += successes
-        self.trials += trials
-
-    def decay(self, factor: float) -> None:
-        """Multiply both counts by ``factor`` (in (0, 1])."""
-        self.successes *= factor
-        self.trials *= factor
-
-    def mean(self) -> float:
-        """The Laplace estimate (successes + 1) / (trials + 2): 1/2 with no evidence."""
-        return (self.successes + 1.0) / (self.trials + 2.0)
-
-
-TREE_ARM = "+tree"
-"""Suffix of the name under which the controller counts a method's tree steps (``eagle3+tree``): a method that drafts
-trees is two arms, its chains and its trees, each with its own acceptance per depth."""
-
-
-def arm(method: str, tree: bool) -> str:
-    """The controller's name for ``method`` drafting trees (``method`` + :data:`TREE_ARM`) or chains (``method``)."""
-    return method + TREE_ARM if tree else method
+AUTO_TREE_TOP_KS = (2, 4, 8)
+"""The widths (``tree_top_k``) among which auto chooses the trees of a proposer whose trees have one (the EAGLE, Medusa,
+MLP and Arctic heads, the draft LM), unless the request sets its own."""
 
 
 @dataclass
@@ -101,14 +44,16 @@ class _Row:
     index: int
     seq_id: int
     cap: int
-    trees: bool  # the row may draft a tree (the request allows it)
+    trees: frozenset[str]  # the methods that may draft it a tree (the request allows trees; greedy for some)
+    top_k: int  # the request's own tree width (0: auto chooses)
     method: str | None = None
     tree: bool = False
     k: int = 0
     gain: float = 1.0  # expected tokens of its step so far
     alphas: dict[str, float] = field(default_factory=dict)  # arm -> per-depth acceptance estimate
     offers: dict[str, float] = field(default_factory=dict)  # method -> estimated chance that it drafts at all
-    ratios: dict[str, float] = field(default_factory=dict)  # tree arm -> its trees' depth per node
+    ratios: dict[str, float] = field(default_factory=dict)  # tree method -> its trees' depth per node
+    widths: dict[str, int] = field(default_factory=dict)  # tree method -> the width its tree would take (0: none)
 
 
 @dataclass
@@ -132,6 +77,11 @@ class AutoController:
             pays its seconds (:class:`RoundCost`).
         tree_methods: those of ``methods`` that draft trees for a request that allows them (``draft_tree``): for such
             a row the controller also chooses the shape, chain or tree, at each step (:meth:`plan`).
+        greedy_tree_methods: those of ``tree_methods`` that draft trees only for greedy requests (the proposers whose
+            chains are drawn: :func:`spec_decode.proposers.base.takes_tree`); a sampled row takes them as chains.
+        width_methods: those of ``tree_methods`` whose trees take a width (``tree_top_k``): auto chooses it among
+            ``tree_top_ks`` per step, each width an arm of its own (a request's own ``tree_top_k`` is kept).
+        tree_top_ks: those widths, each in [1, 10].
         decay: the factor by which a sequence's counts of a method fade at each step that method drafts, in (0, 1]
             (0.9: the last ~10 such steps weigh most, so the estimate follows a change of text, and ten rejections
             outweigh a prior of one trial).
@@ -147,12 +97,13 @@ class AutoController:
             are due one.
 
     Raises:
-        ValueError: a factor outside (0, 1], a negative prior_weight, a backoff < 1, or a model method not in
-            methods.
+        ValueError: a factor outside (0, 1], a negative prior_weight, a backoff < 1, a model method not in
+            methods, a greedy-tree or width method not in tree_methods, or no widths.
     """
 
     def __init__(self, methods: Sequence[str], model_methods: Collection[str] = (), tree_methods: Collection[str] = (),
-                 decay: float = 0.9, prior_weight: float = 1.0,
+                 greedy_tree_methods: Collection[str] = (), width_methods: Collection[str] = (),
+                 tree_top_ks: Sequence[int] = AUTO_TREE_TOP_KS, decay: float = 0.9, prior_weight: float = 1.0,
                  server_decay: float = 0.99, max_backoff: int = 32, max_idle_backoff: int = 4,
                  cost: RoundCost | None = None, probe_budget: float = 0.05):
         if (not (0.0 < decay <= 1.0 and 0.0 < server_decay <= 1.0) or prior_weight < 0
@@ -161,9 +112,13 @@ class AutoController:
                              f"probe_budget in [0, 1]; got {decay}, {server_decay}, {prior_weight}, {max_backoff}, "
                              f"{max_idle_backoff}, {probe_budget}")
         self.methods = tuple(m for m in methods if m not in (NO_SPECULATION, AUTO))
-        if not set(model_methods) | set(tree_methods) <= set(self.methods):
-            raise ValueError(f"model and tree methods must be among {self.methods}")
+        if not set(model_methods) | set(tree_methods) <= set(self.methods) or not (
+                set(greedy_tree_methods) | set(width_methods) <= set(tree_methods)) or not tree_top_ks:
+            raise ValueError(f"model and tree methods must be among {self.methods}, greedy-tree and width methods "
+                             f"among the tree methods, with widths")
         self.model_methods, self.tree_methods = frozenset(model_methods), frozenset(tree_methods)
+        self.greedy_tree_methods = frozenset(greedy_tree_methods)
+        self.widths = {m: tuple(tree_top_ks) if m in width_methods else (0,) for m in self.tree_methods}
         self.decay, self.server_decay = decay, server_decay
         self.prior_weight = prior_weight
         self.max_backoff, self.max_idle_backoff = max_backoff, max_idle_backoff
@@ -171,36 +126,54 @@ class AutoController:
         self.probe_budget = probe_budget
         self.round_seconds = 0.0  # measured seconds of every round observed
         self.probe_seconds = 0.0  # predicted seconds the probes planned so far added to their rounds
-        self.server: dict[str, AcceptanceStats] = {arm(m, t): AcceptanceStats() for m in self.methods
-                                                   for t in ((False, True) if m in self.tree_methods else (False,))}
-        self.server_depths: dict[str, AcceptanceStats] = {arm(m, True): AcceptanceStats() for m in self.tree_methods}
+        self.server: dict[str, AcceptanceStats] = {m: AcceptanceStats() for m in self.methods}
+        self.server_depths: dict[str, AcceptanceStats] = {}  # tree arm -> its trees' (depth, nodes) sums
+        for m, widths in self.widths.items():
+            for w in widths:
+                self.server[arm(m, True, w)] = AcceptanceStats()
+                self.server_depths[arm(m, True, w)] = AcceptanceStats()
         self.server_offers: dict[str, AcceptanceStats] = {m: AcceptanceStats() for m in self.methods}
         self.sequences: dict[int, _Sequence] = {}
 
-    def alpha(self, seq_id: int, method: str, tree: bool = False) -> float:
-        """The per-token acceptance estimate of ``method`` for ``seq_id`` (``tree``: per depth of its trees): its
-        decayed counts, with the server's recent mean (:meth:`AcceptanceStats.mean`) as a prior worth
+    def alpha(self, seq_id: int, method: str, tree: bool = False, top_k: int = 0) -> float:
+        """The per-token acceptance estimate of ``method`` for ``seq_id`` (``tree``: per depth of its trees of width
+        ``top_k``): its decayed counts, with the server's recent mean (:meth:`AcceptanceStats.mean`) as a prior worth
         ``prior_weight`` trials. A tree arm the server has not seen yet starts from the chain's estimate (a tree
         holds the chain's path and more)."""
-        name = arm(method, tree)
+        name = arm(method, tree, top_k)
         seq = self.sequences.get(seq_id)
         mine = seq.stats.get(name) if seq is not None else None
-        if tree and not self.server[name].trials and mine is None:
+        server = self.server.setdefault(name, AcceptanceStats())  # (a width a request set itself)
+        if tree and not server.trials and mine is None:
             return self.alpha(seq_id, method)
-        return self._estimate(mine, self.server[name])
+        return self._estimate(mine, server)
 
-    def depth_ratio(self, seq_id: int, method: str) -> float:
-        """The depth a tree of ``method`` reaches per node of its budget, for ``seq_id``: its trees' decayed (depth,
-        nodes) sums, with the server's as a prior worth ``prior_weight`` trees, and 1 (a chain) before any tree; in
-        (0, 1]."""
-        server = self.server_depths[arm(method, True)]
+    def depth_ratio(self, seq_id: int, method: str, top_k: int = 0) -> float:
+        """The depth a tree of ``method`` (width ``top_k``) reaches per node of its budget, for ``seq_id``: its
+        trees' decayed (depth, nodes) sums, with the server's as a prior worth ``prior_weight`` trees, and 1 (a
+        chain) before any tree; in (0, 1]."""
+        server = self.server_depths.setdefault(arm(method, True, top_k), AcceptanceStats())
         prior = (server.successes + 1.0) / (server.trials + 1.0)  # one chain-like tree of one node as the prior
         seq = self.sequences.get(seq_id)
-        mine = seq.depths.get(arm(method, True)) if seq is not None else None
+        mine = seq.depths.get(arm(method, True, top_k)) if seq is not None else None
         w = self.prior_weight
         if mine is None or mine.trials + w <= 0:
             return prior
         return min(1.0, (mine.successes + w * prior) / (mine.trials + w))
+
+    def tree_width(self, seq_id: int, method: str, widths: Sequence[int], cap: int) -> tuple[int, float, float]:
+        """The width of ``method``'s trees for ``seq_id`` at a node budget of ``cap``, as (width, per-depth
+        acceptance, depth per node): a width the server has never drafted is tried first (in the order given), then
+        the one whose trees are expected to emit the most tokens (:func:`expected_tokens` at its depth per node x
+        ``cap``)."""
+        def value(w: int) -> tuple[bool, float, float, float]:
+            a, ratio = self.alpha(seq_id, method, True, w), self.depth_ratio(seq_id, method, w)
+            untried = not self.server.setdefault(arm(method, True, w), AcceptanceStats()).trials
+            return untried, expected_tokens(a, ratio * cap), a, ratio
+
+        best = max(widths, key=lambda w: value(w)[:2])
+        _, _, a, ratio = value(best)
+        return best, a, ratio
 
     def offer_rate(self, seq_id: int, method: str) -> float:
         """The chance that ``method`` drafts anything when asked, for ``seq_id`` (suffix decoding and n-gram lookup
@@ -226,12 +199,16 @@ class AutoController:
         chance that it drafts at all (:meth:`offer_rate`): q * (expected_tokens - 1) more tokens for q * k more
         positions, in expectation; the first drafting row of a round adds the draft_model hop's seconds.
 
-        The shape: a row that allows trees (``draft_tree``) may take each tree method (``tree_methods``) as a chain
-        or as a tree of k nodes. A tree counts with its own acceptance per depth (:meth:`alpha` with ``tree``) over
-        the depth its trees reach per node (:meth:`depth_ratio` x k), so a tree wins where its branches raise the
-        acceptance per depth more than their nodes cost in depth; the chosen step carries ``draft_tree`` accordingly.
-        Before any evidence a tree counts as its chain, and a tie goes to the tree (so trees are tried, and kept only
-        while they pay).
+        The shape: a row that allows trees (``draft_tree``) may take each tree method (``tree_methods``; for a sampled
+        row, not ``greedy_tree_methods``) as a chain or as a tree of k nodes. A tree counts with its own acceptance
+        per depth (:meth:`alpha` with ``tree``) over the depth its trees reach per node (:meth:`depth_ratio` x k), so
+        a tree wins where its branches raise the acceptance per depth more than their nodes cost in depth; the chosen
+        step carries ``draft_tree`` accordingly. Before any evidence a tree counts as its chain, and a tie goes to the
+        tree (so trees are tried, and kept only while they pay). Where the trees take a width (``width_methods``),
+        each width is an arm of its own and the row's tree takes the width :meth:`tree_width` picks (the request's
+        own ``tree_top_k`` where it sets one); the step carries it as ``tree_top_k``. The depth stays the request's
+        or the config's (``tree_depth``): at a node budget of k, EAGLE-2's rerank already keeps the deepest nodes
+        that pay, and the depth bounds only the proposer's forwards.
 
         A row left at k = 0 runs without speculation, unless a model-free method is due a probe: one draft token of
         it, so that a method given up (or never tried: the server's history may hold it low) is found again when
@@ -244,7 +221,8 @@ class AutoController:
         time: a probe in a round that drafts anyway costs one position; one that sends a round through draft_model
         costs the hop too, and at high load that hop is paid by every sequence of the round.
         """
-        rows = [_Row(i, inp.seq_id, inp.num_draft_tokens, inp.draft_tree) for i, inp in enumerate(inps) if inp.auto]
+        rows = [_Row(i, inp.seq_id, inp.num_draft_tokens, self._tree_methods(inp), inp.tree_top_k)
+                for i, inp in enumerate(inps) if inp.auto]
         if not rows:
             return list(inps)
         fixed = [inp for inp in inps if not inp.auto and inp.drafts]
@@ -264,9 +242,9 @@ class AutoController:
             r.offers = {m: self.offer_rate(r.seq_id, m) for m in self.methods}
             for m in self.methods:
                 r.alphas[m] = self.alpha(r.seq_id, m)
-                if r.trees and m in self.tree_methods:
-                    r.alphas[arm(m, True)] = self.alpha(r.seq_id, m, True)
-                    r.ratios[m] = self.depth_ratio(r.seq_id, m)
+                if m in r.trees:  # the width its tree would take (the request's own, else auto's choice)
+                    widths = (r.top_k,) if r.top_k and self.widths[m] != (0,) else self.widths[m]
+                    r.widths[m], r.alphas[arm(m, True)], r.ratios[m] = self.tree_width(r.seq_id, m, widths, r.cap)
         current = tokens / cost(positions, used)
         while True:
             best: tuple[float, _Row, str, bool, int, float, float] | None = None
@@ -315,8 +293,17 @@ class AutoController:
         for r in rows:
             method = r.method if r.k > 0 and r.method else NO_SPECULATION
             k = r.k if method != NO_SPECULATION else 0
-            out[r.index] = replace(inps[r.index], method=method, num_draft_tokens=k, draft_tree=r.tree and k > 1)
+            tree = r.tree and k > 1
+            out[r.index] = replace(inps[r.index], method=method, num_draft_tokens=k, draft_tree=tree,
+                                   tree_top_k=r.widths[method] if tree else inps[r.index].tree_top_k)
         return out
+
+    def _tree_methods(self, inp: StepInputs) -> frozenset[str]:
+        """The methods that may draft ``inp`` a tree: none unless it allows trees; for a sampled request, those that
+        draft trees for sampled requests too."""
+        if not inp.draft_tree:
+            return frozenset()
+        return self.tree_methods if inp.params.is_greedy else self.tree_methods - self.greedy_tree_methods
 
     def observe(self, inps: Sequence[StepInputs], results: Sequence[StepResult | BaseException],
                 seconds: float) -> None:
@@ -369,14 +356,15 @@ class AutoController:
             return
         depth = res.num_draft_tokens if res.draft_depth is None else res.draft_depth  # a tree: its deepest path
         succ, trials = step_trials(depth, min(len(res.output_ids) - 1, depth))
-        name = arm(m, inp.draft_tree and m in self.tree_methods)
+        tree = inp.draft_tree and m in self._tree_methods(inp)
+        name = arm(m, tree, inp.tree_top_k if tree and self.widths[m] != (0,) else 0)
         for counts, factor in ((seq.stats.setdefault(name, AcceptanceStats()), self.decay),
-                               (self.server[name], self.server_decay)):
+                               (self.server.setdefault(name, AcceptanceStats()), self.server_decay)):
             counts.decay(factor)
             counts.add(succ, trials)
-        if name in self.server_depths:  # how deep its trees reach per node
+        if tree:  # how deep its trees reach per node
             for counts, factor in ((seq.depths.setdefault(name, AcceptanceStats()), self.decay),
-                                   (self.server_depths[name], self.server_decay)):
+                                   (self.server_depths.setdefault(name, AcceptanceStats()), self.server_decay)):
                 counts.decay(factor)
                 counts.add(depth, res.num_draft_tokens)
         back = 1 if succ else min(2 * seq.backoff.get(m, 1), self.max_backoff)
@@ -388,5 +376,5 @@ class AutoController:
         self.sequences.pop(seq_id, None)
 
 
-__all__ = ["AUTO", "TREE_ARM", "AcceptanceStats", "AutoController", "RoundCost", "arm", "expected_tokens",
-           "step_trials"]
+__all__ = ["AUTO", "AUTO_TREE_TOP_KS", "TREE_ARM", "AcceptanceStats", "AutoController", "RoundCost", "arm",
+           "expected_tokens", "step_trials"]

@@ -102,7 +102,9 @@ class GenerateBackend:
     def _controller(served: tuple[str, ...]) -> AutoController:
         """speculative_method=auto's controller over the served single proposers (hybrid only composes them)."""
         singles = [m for m in served if m in PROPOSERS and m != "hybrid"]
-        return AutoController(singles, [m for m in singles if PROPOSERS[m].applies_processors], singles)
+        return AutoController(singles, [m for m in singles if PROPOSERS[m].applies_processors], singles,
+                              [m for m in singles if PROPOSERS[m].greedy_trees],
+                              [m for m in singles if PROPOSERS[m].tree_widths])
 
     def _offered_methods(self, draft_params: dict[str, str] | None) -> tuple[str, ...]:
         """The methods draft_model serves (:func:`~spec_decode.proposers.offered_methods`), checking generate's
@@ -157,7 +159,9 @@ class GenerateBackend:
             s = gen.stats
             if req.speculative_method == AUTO:  # what auto chose at each step
                 out += [pb.Tensor("auto_methods", np.array([m.encode() for m in s.step_methods], np.object_)),
-                        pb.Tensor("auto_num_draft_tokens", np.asarray(s.step_draft_tokens, np.int32))]
+                        pb.Tensor("auto_num_draft_tokens", np.asarray(s.step_draft_tokens, np.int32)),
+                        pb.Tensor("auto_draft_trees", np.asarray(s.step_draft_trees, np.bool_)),
+                        pb.Tensor("auto_tree_top_k", np.asarray(s.step_tree_top_k, np.int32))]
             if req.wants_logprobs:
                 out.append(pb.Tensor("cum_log_probs", np.array([gen.cum_log_prob], np.float32)))
             out += [

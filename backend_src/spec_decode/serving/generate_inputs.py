@@ -122,7 +122,8 @@ def parse_request(inputs: dict[str, np.ndarray], limits: RequestLimits) -> Gener
             raise InvalidInputError(name, f"must be 1, got {int(v)}: one sample per request is supported (send "
                                           f"several requests, with different random_seed values, for several)")
     for name, cast in (("repetition_penalty", float), ("presence_penalty", float), ("frequency_penalty", float),
-                       ("min_tokens", int), ("top_logprobs", int), ("prompt_logprobs", int)):
+                       ("min_tokens", int), ("top_logprobs", int), ("prompt_logprobs", int), ("tree_top_k", int),
+                       ("tree_depth", int)):
         v = scalar(inputs, name, None, CLIENT)
         if v is not None:
             fields[name] = cast(v)

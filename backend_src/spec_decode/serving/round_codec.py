@@ -51,7 +51,8 @@ def encode_round(inps: list[StepInputs], release: bool) -> dict[str, np.ndarray]
     (``spec_step``), and, when a drafting row's proposer reads the target's hidden states,
     ``context_hidden_states`` [B, m, H] (rows zero-padded) with ``num_context_hidden_states`` [B, 1]; a round in which
     none drafts carries empty ``draft_token_ids`` [B, 0] and ``draft_probs`` [B, 0, 0] instead (``score_step``: no
-    draft_model). A drafting round in which some row may draft a tree carries ``draft_tree`` [B, 1].
+    draft_model). A drafting round in which some row may draft a tree carries ``draft_tree`` [B, 1], and
+    ``tree_top_k`` / ``tree_depth`` [B, 1] when some row sets them (0: draft_model's config).
     """
     def col(name: str, values: list) -> np.ndarray:  # [B, 1] in the tensor's wire dtype (STEP)
         return np.array([[v] for v in values], STEP[name].numpy_dtype)
@@ -77,6 +78,9 @@ def encode_round(inps: list[StepInputs], release: bool) -> dict[str, np.ndarray]
         out["num_draft_tokens"] = col("num_draft_tokens", [i.num_draft_tokens for i in inps])
         if not release and any(i.draft_tree for i in inps):
             out["draft_tree"] = col("draft_tree", [i.draft_tree for i in inps])
+            for name in ("tree_top_k", "tree_depth"):  # a shape a request (or auto) chose
+                if any(getattr(i, name) for i in inps):
+                    out[name] = col(name, [getattr(i, name) for i in inps])
         out["speculative_method"] = col("speculative_method", [i.method.encode() for i in inps])
         hidden = [i.hidden_states if not release and i.drafts and needs_hidden_states(i.method) else None for i in inps]
         if any(h is not None and len(h) for h in hidden):

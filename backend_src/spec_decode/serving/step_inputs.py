@@ -16,7 +16,7 @@ from ..processors import ProcessorSpec, parse_spec
 from ..proposers import NO_SPECULATION, ProposalRequest, registry
 from ..sampling import SamplingParams
 from ..settings import InvalidInputError, check_acceptance_method, in_range, one_of
-from ..tree import check_tree, is_chain
+from ..tree import MAX_TREE_DEPTH, MAX_TREE_TOP_K, check_tree, is_chain
 from .adapter import strip_padding
 from .wire import scalar, text
 
@@ -142,14 +142,16 @@ def acceptance_method(inputs: dict) -> str:
 
 def proposal_request(inputs: dict, methods, max_k: int) -> tuple[str, ProposalRequest | None]:
     """draft_model's row as (method, proposal request), or (method, None) when it asks for no drafts (``none`` or
-    k = 0). The optional ``draft_tree`` (absent: False) becomes :attr:`ProposalRequest.tree`.
+    k = 0). The optional ``draft_tree`` (absent: False) becomes :attr:`ProposalRequest.tree`, and the optional
+    ``tree_top_k`` and ``tree_depth`` (absent: 0, the proposer's config) its tree's shape.
 
     Args:
         methods: the methods draft_model serves (``none`` and its proposers' names).
         max_k: the largest k a row may ask for.
 
     Raises:
-        InvalidInputError: a k outside [0, max_k], a method not served here, or no token ids.
+        InvalidInputError: a k outside [0, max_k], a method not served here, no token ids, or a ``tree_top_k`` or
+            ``tree_depth`` outside [0, MAX_TREE_TOP_K] or [0, MAX_TREE_DEPTH] (:mod:`spec_decode.tree`).
     """
     k = in_range("num_draft_tokens", int(scalar(inputs, "num_draft_tokens", 0)), 0, max_k)
     method = one_of("speculative_method", text(inputs, "speculative_method", NO_SPECULATION), tuple(methods),
@@ -159,4 +161,6 @@ def proposal_request(inputs: dict, methods, max_k: int) -> tuple[str, ProposalRe
     hidden = context_hidden_states(inputs) if needs_hidden_states(method) else None
     return method, ProposalRequest(sequence_id(inputs), token_ids(inputs), k, sampling_params(inputs),
                                    int(scalar(inputs, "step", 0)), hidden, processor_spec(inputs),
-                                   bool(scalar(inputs, "draft_tree", False)))
+                                   bool(scalar(inputs, "draft_tree", False)),
+                                   in_range("tree_top_k", int(scalar(inputs, "tree_top_k", 0)), 0, MAX_TREE_TOP_K),
+                                   in_range("tree_depth", int(scalar(inputs, "tree_depth", 0)), 0, MAX_TREE_DEPTH))

@@ -80,6 +80,8 @@ STEP: dict[str, Tensor] = _table(
     # [-1, 0, 1, ...]; absent or empty: a chain
     Tensor("draft_parents", "INT32", (-1,)),
     Tensor("draft_tree", "BOOL", (1,)),  # the row may be drafted as a tree (else a chain)
+    Tensor("tree_top_k", "INT32", (1,)),  # its tree's children per expanded node (0: draft_model's config)
+    Tensor("tree_depth", "INT32", (1,)),  # its tree's levels at most (0: draft_model's config)
     Tensor("draft_probs", "FP32", (-1, -1)),  # [k, V], or [0, 0] without draft probabilities
     Tensor("target_probs", "FP32", (-1, -1)),  # [k+1, V], or [0, 0] for a greedy row without log-probs
     # a greedy row without log-probs: the argmax of each of its k+1 distributions and its probability (all the argmax
@@ -122,6 +124,8 @@ CLIENT: dict[str, Tensor] = _table(
     Tensor("ignore_eos", "BOOL", (1,), optional=True),
     Tensor("num_draft_tokens", "INT32", (1,), optional=True),
     Tensor("draft_tree", "BOOL", (1,), optional=True),  # drafts as a tree (default: generate's config) or a chain
+    Tensor("tree_top_k", "INT32", (1,), optional=True),  # the tree's children per node (0: draft_model's config)
+    Tensor("tree_depth", "INT32", (1,), optional=True),  # the tree's levels at most (0: draft_model's config)
     Tensor("speculative_method", "STRING", (1,), optional=True),
     Tensor("acceptance_method", "STRING", (1,), optional=True),
     Tensor("repetition_penalty", "FP32", (1,), optional=True),
@@ -159,6 +163,8 @@ CLIENT: dict[str, Tensor] = _table(
     Tensor("prompt_top_log_prob_ids", "INT32", (-1, -1)),
     Tensor("auto_methods", "STRING", (-1,)),  # speculative_method=auto: the method of each step
     Tensor("auto_num_draft_tokens", "INT32", (-1,)),  # and its k
+    Tensor("auto_draft_trees", "BOOL", (-1,)),  # and whether it drafted a tree
+    Tensor("auto_tree_top_k", "INT32", (-1,)),  # and that tree's width (0: a chain, the config's width, or none)
     Tensor("num_input_tokens", "UINT32", (1,)),  # the prompt's tokens
     Tensor("num_output_tokens", "UINT32", (1,)),  # the tokens of this response (a stream's sum to the completion's)
 )
@@ -196,7 +202,8 @@ class ModelWire:
 
 
 _DRAFT_IN = ("sequence_id token_ids num_draft_tokens speculative_method temperature top_k top_p random_seed seeded "
-             "step release context_hidden_states num_context_hidden_states logits_processors draft_tree")
+             "step release context_hidden_states num_context_hidden_states logits_processors draft_tree tree_top_k "
+             "tree_depth")
 _TARGET_IN = ("sequence_id token_ids draft_token_ids temperature top_k top_p release logits_processors "
               "num_scheduled_tokens draft_parents")
 _TARGET_FACTS = "num_cached_tokens target_forward_seconds"  # what the target measured: generate's scheduler reads them
@@ -209,13 +216,15 @@ PROMPT_LOGPROB_OUTPUTS = tuple(_PROMPT_OUT.split())
 
 _GENERATE = ModelWire(
     _pick(CLIENT, "text_input max_tokens temperature top_p top_k random_seed seed stop_words end_id stream "
-                  "exclude_input_in_output return_log_probs ignore_eos num_draft_tokens draft_tree speculative_method "
-                  "acceptance_method repetition_penalty presence_penalty frequency_penalty min_tokens min_length "
-                  "bad_words stop_token_ids guided_decoding_guide_type guided_decoding_guide top_logprobs "
+                  "exclude_input_in_output return_log_probs ignore_eos num_draft_tokens draft_tree tree_top_k "
+                  "tree_depth speculative_method acceptance_method repetition_penalty presence_penalty "
+                  "frequency_penalty min_tokens min_length bad_words stop_token_ids guided_decoding_guide_type "
+                  "guided_decoding_guide top_logprobs "
                   "prompt_logprobs beam_width num_return_sequences n return_num_input_tokens return_num_output_tokens"),
     _pick(CLIENT, "text_output output_ids output_log_probs cum_log_probs num_steps num_draft_tokens_total "
                   "num_accepted_tokens num_emitted_tokens finish_reason " + _LOGPROBS_OUT +
-                  " num_input_tokens num_output_tokens auto_methods auto_num_draft_tokens"))
+                  " num_input_tokens num_output_tokens auto_methods auto_num_draft_tokens auto_draft_trees "
+                  "auto_tree_top_k"))
 
 MODELS: dict[str, ModelWire] = {
     GENERATE: _GENERATE,
@@ -223,7 +232,7 @@ MODELS: dict[str, ModelWire] = {
     GENERATE_TRTLLM: _GENERATE,
     "draft_model": ModelWire(
         _pick(STEP, _DRAFT_IN, optional="seeded context_hidden_states num_context_hidden_states logits_processors "
-                                        "draft_tree",
+                                        "draft_tree tree_top_k tree_depth",
               ragged="token_ids context_hidden_states"),
         _pick(STEP, "draft_token_ids draft_probs draft_parents")),
     "target_model": ModelWire(
@@ -239,9 +248,9 @@ MODELS: dict[str, ModelWire] = {
     SPEC_STEP: ModelWire(
         _pick(STEP, "sequence_id token_ids num_draft_tokens speculative_method temperature top_k top_p random_seed "
                     "seeded step release acceptance_method context_hidden_states num_context_hidden_states "
-                    "logits_processors num_scheduled_tokens draft_tree",
+                    "logits_processors num_scheduled_tokens draft_tree tree_top_k tree_depth",
               optional="context_hidden_states num_context_hidden_states logits_processors num_scheduled_tokens "
-                       "draft_tree"),
+                       "draft_tree tree_top_k tree_depth"),
         _pick(STEP, "output_ids output_log_probs hidden_states draft_token_ids draft_parents " + _LOGPROBS_OUT + " "
               + _TARGET_FACTS),
         steps=("draft_model", "target_model", "verifier")),
@@ -254,9 +263,9 @@ MODELS: dict[str, ModelWire] = {
     GREEDY_STEP: ModelWire(
         _pick(STEP, "sequence_id token_ids num_draft_tokens speculative_method temperature top_k top_p random_seed "
                     "seeded step release context_hidden_states num_context_hidden_states logits_processors "
-                    "num_scheduled_tokens draft_tree",
+                    "num_scheduled_tokens draft_tree tree_top_k tree_depth",
               optional="context_hidden_states num_context_hidden_states logits_processors num_scheduled_tokens "
-                       "draft_tree"),
+                       "draft_tree tree_top_k tree_depth"),
         _pick(STEP, "draft_token_ids draft_parents target_argmax target_argmax_probs hidden_states " + _TARGET_FACTS),
         steps=("draft_model", "target_model")),
 }

@@ -26,7 +26,8 @@ def test_completion_maps_every_control_to_generate_inputs():
     call = parse_completion({"model": "m", "prompt": "def f():", "max_tokens": 7, "temperature": 0.5, "top_p": 0.9,
                              "seed": 3, "stop": "\n\n", "presence_penalty": 0.1, "frequency_penalty": 0.2,
                              "top_k": 5, "min_tokens": 2, "repetition_penalty": 1.1, "speculative_method": "ngram",
-                             "num_draft_tokens": 3, "logprobs": 2, "stream": True,
+                             "num_draft_tokens": 3, "draft_tree": False, "tree_top_k": 2, "tree_depth": 3,
+                             "logprobs": 2, "stream": True,
                              "stream_options": {"include_usage": True}, "user": "ignored"})
     i = call.inputs
     assert call.prompt == "def f():" and not call.chat and call.stream and call.include_usage and call.logprobs == 2
@@ -35,6 +36,8 @@ def test_completion_maps_every_control_to_generate_inputs():
     assert i["stop_words"].tolist() == [b"\n\n"] and i["speculative_method"].tolist() == [b"ngram"]
     assert i["temperature"].dtype == np.float32 and i["top_k"].tolist() == [5] and i["num_draft_tokens"].tolist() == [3]
     assert i["return_log_probs"].tolist() == [True] and i["top_logprobs"].tolist() == [2]
+    assert i["draft_tree"].tolist() == [False] and i["tree_top_k"].tolist() == [2] and i["tree_depth"].tolist() == [3]
+    assert i["tree_top_k"].dtype == np.int32 and i["draft_tree"].dtype == np.bool_
     assert "user" not in i and "stream" not in i
 
 

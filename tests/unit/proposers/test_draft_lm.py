@@ -94,3 +94,23 @@ def test_a_round_s_trees_and_chains_draft_as_alone_and_trees_that_never_branch_a
         DraftLMSettings(draft_tree_top_k=0)
     with pytest.raises(Exception, match="draft_branch_prob"):
         DraftLMSettings(draft_branch_prob=1.5)
+
+
+def test_a_request_s_tree_top_k_and_tree_depth_shape_its_tree(tiny_lm):
+    """tree_top_k / tree_depth of a request replace draft_tree_top_k and the depth (k) for that request alone: its
+    tree is the one a proposer configured with that width drafts, cut at that depth; tree_top_k 1 is the chain."""
+    from spec_decode.tree import path_tokens
+
+    (r,) = [replace(r, k=6, tree=True, params=SamplingParams()) for r in _requests()[:1]]
+    wide = replace(r, seq_id=r.seq_id + 100, tree_top_k=4)
+    p = DraftModelProposer(CachedCausalLM(tiny_lm), None, 0.0, tree_top_k=2, branch_prob=1.0)
+    mine, asked = p.propose([r, wide])
+    configured = DraftModelProposer(CachedCausalLM(tiny_lm), None, 0.0, tree_top_k=4, branch_prob=1.0).propose([r])[0]
+    assert asked.draft_token_ids.tolist() == configured.draft_token_ids.tolist()
+    assert asked.draft_parents.tolist() == configured.draft_parents.tolist()
+    assert mine.draft_parents.tolist() != asked.draft_parents.tolist()  # 2 children per node against 4
+    shallow = p.propose([replace(r, seq_id=7, tree_depth=2)])[0]
+    assert max(len(q) for q in path_tokens(shallow.draft_token_ids.tolist(), shallow.draft_parents.tolist())) == 2
+    chain = p.propose([replace(r, seq_id=8, tree=False)])[0]
+    one = p.propose([replace(r, seq_id=9, tree_top_k=1)])[0]
+    assert one.draft_parents is None and one.draft_token_ids.tolist() == chain.draft_token_ids.tolist()

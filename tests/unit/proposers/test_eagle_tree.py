@@ -124,3 +124,20 @@ def test_tree_depth_bounds_the_levels_and_top_k_one_is_a_chain(head_dirs, tiny_d
         SpeculatorSettings(tree_top_k=0)
     with pytest.raises(ValueError, match="tree_depth"):
         SpeculatorSettings(tree_depth=-1)
+
+
+@pytest.mark.parametrize("method", HEADS)
+def test_a_request_s_tree_top_k_and_tree_depth_draft_the_tree_of_that_config(head_dirs, tiny_dir, method):
+    """The per-request shape (ProposalRequest.tree_top_k / tree_depth, the wire's inputs of those names) replaces the
+    config's: the same tree as a proposer configured with them, in a round beside a request of the config's shape."""
+    g = torch.Generator().manual_seed(5)
+    ids, states = torch.randint(0, 97, (7,), generator=g).tolist(), torch.randn(3, WIDTH[method], generator=g) * 3
+    plain = ProposalRequest(1, ids, 8, SamplingParams(), 0, states, tree=True)
+    shaped = ProposalRequest(2, ids, 8, SamplingParams(), 0, states, tree=True, tree_top_k=2, tree_depth=3)
+    default, asked = _proposer(method, head_dirs, tiny_dir).propose([plain, shaped])
+    configured = _proposer(method, head_dirs, tiny_dir, tree_top_k=2, tree_depth=3).propose([plain])[0]
+    assert asked.draft_token_ids.tolist() == configured.draft_token_ids.tolist()
+    assert asked.draft_parents.tolist() == configured.draft_parents.tolist()
+    assert max(len(p) for p in path_tokens(asked.draft_token_ids.tolist(), asked.draft_parents.tolist())) <= 3
+    assert default.draft_token_ids.tolist() == _proposer(method, head_dirs, tiny_dir).propose(
+        [plain])[0].draft_token_ids.tolist()

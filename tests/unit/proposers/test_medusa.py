@@ -363,3 +363,19 @@ def test_a_fixed_tree_deeper_than_the_heads_is_warned_about(target, tmp_path, ca
     head = load_medusa(write_medusa(tmp_path / "m", H, V, num_heads=3), target)
     MedusaProposer(head, H, SpeculatorSettings(speculator_path="", medusa_choices="mc_sim_7b_63"))
     assert "2 of its 63 paths are deeper than this head's 3 heads" in caplog.text  # [0,0,0,0] and [0,0,0,1]
+
+
+def test_a_request_s_tree_top_k_and_tree_depth_narrow_what_its_tree_draws_from(target, tmp_path):
+    """A request's tree_top_k and tree_depth: its dynamic tree is drawn from the first tree_depth heads' top
+    tree_top_k alone."""
+    from spec_decode.proposers.speculators.medusa.tree import dynamic_tree
+
+    head = load_medusa(write_medusa(tmp_path / "m", H, V, num_heads=3), target)
+    p = MedusaProposer(head, H, SpeculatorSettings(speculator_path="", speculator_min_token_prob=0.0))
+    states = _states(5, seed=4)
+    top = torch.topk(torch.softmax(head(states[-1:])[:, 0], -1), 2, dim=-1)
+    paths = dynamic_tree([row[:2] for row in top.values.double().tolist()[:2]], 5, 0.0)
+    tree = p.propose([ProposalRequest(1, list(range(6)), 5, SamplingParams(), 0, states, tree=True, tree_top_k=2,
+                                      tree_depth=2)])[0]
+    assert len(paths) == 5 and max(len(q) for q in paths) == 2
+    assert tree.draft_token_ids.tolist() == [int(top.indices[len(q) - 1, q[-1]]) for q in paths]

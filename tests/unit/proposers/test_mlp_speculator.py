@@ -234,3 +234,19 @@ def test_a_tree_request_gets_the_heads_top_k_expanded_and_reranked(folder, tiny_
     assert min(joints) >= min_prob and tree.score == pytest.approx(sum(joints), rel=1e-4)
     if min_prob == 0.0:  # 3 positions x 4 children expanded: k nodes to keep (the most probable: a random head's
         assert len(drafts) == k  # flat distributions keep shallow ones)
+
+
+def test_a_request_s_tree_top_k_and_tree_depth_draft_the_tree_of_that_config(folder, tiny_dir):
+    """A request's tree_top_k / tree_depth replace the config's tree_top_k / tree_depth for it alone."""
+    from dataclasses import replace
+
+    states = torch.randn(3, H, generator=torch.Generator().manual_seed(4)) * 2
+    plain = ProposalRequest(1, [5, 9, 11, 3], 6, SamplingParams(), 0, states, tree=True)
+    p = MLPSpeculatorProposer.from_config(_settings(folder, tiny_dir), {})
+    mine, asked = p.propose([plain, replace(plain, seq_id=2, tree_top_k=2, tree_depth=2)])
+    configured = MLPSpeculatorProposer.from_config(replace(_settings(folder, tiny_dir), tree_top_k=2, tree_depth=2),
+                                                   {}).propose([plain])[0]
+    assert asked.draft_token_ids.tolist() == configured.draft_token_ids.tolist()
+    assert asked.draft_parents.tolist() == configured.draft_parents.tolist()
+    assert mine.draft_token_ids.tolist() == p.propose([plain])[0].draft_token_ids.tolist()
+    assert len(asked.draft_token_ids) == 4 and max(asked.draft_parents.tolist()) < 2  # 2 nodes per level, 2 levels

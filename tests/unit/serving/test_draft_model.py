@@ -157,6 +157,24 @@ def test_draft_parents_for_tree_and_chain_rows_and_releases(draft):
         assert set(o) == {"draft_token_ids", "draft_parents", "draft_probs"}
 
 
+def test_a_row_s_tree_top_k_and_tree_depth_shape_its_tree_and_are_range_checked(draft):
+    """tree_top_k / tree_depth (optional INT32) reach the proposer: the draft LM (the tiny target drafting for itself)
+    branching into 1 is its chain; a depth of 1 keeps every node at the first level. Out of range: that row fails,
+    naming the input and its range, and the others are drafted."""
+    ids = [5, 6, 7]
+    tree = np.array([True])
+    out = draft.run_batch([_row(30, ids, "draft", k=3, draft_tree=tree, tree_top_k=np.array([1], np.int32)),
+                           _row(31, ids, "draft", k=3),
+                           _row(32, ids, "draft", k=3, draft_tree=tree, tree_top_k=np.array([3], np.int32),
+                                tree_depth=np.array([1], np.int32)),
+                           _row(33, ids, "draft", k=3, draft_tree=tree, tree_top_k=np.array([11], np.int32))])
+    assert out[0]["draft_token_ids"].tolist() == out[1]["draft_token_ids"].tolist()
+    assert out[0]["draft_parents"].tolist() == [-1, 0, 1][: len(out[0]["draft_token_ids"])]
+    assert out[2]["draft_parents"].tolist() == [-1, -1, -1]
+    assert isinstance(out[3], Exception) and "tree_top_k" in str(out[3]) and "[0, 10]" in str(out[3])
+    draft.run_batch([_row(s, ids, "draft", release=True) for s in (30, 31, 32, 33)])
+
+
 def test_a_suffix_tree_row_gets_both_branches(draft):
     p = [1, 2, 3, 11, 12]  # followed by 4 5 10, 4 5 20 and 7 8 6; the prompt ends with it (a 5-token match)
     prompt = p + [4, 5, 10] + p + [4, 5, 20] + p + [7, 8, 6] + p

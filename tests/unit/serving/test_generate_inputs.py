@@ -44,6 +44,8 @@ def test_defaults():
         ({"random_seed": np.array([-1], np.int64)}, "random_seed"),
         ({"end_id": np.array([100], np.int32)}, "end_id"),
         ({"acceptance_method": np.array([b"maybe"], object)}, "acceptance_method"),
+        ({"tree_top_k": np.array([11], np.int32)}, "tree_top_k"),
+        ({"tree_depth": np.array([-1], np.int32)}, "tree_depth"),
     ],
 )
 def test_bad_fields_are_named(inputs, field):

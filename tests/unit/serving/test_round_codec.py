@@ -2,6 +2,8 @@
 padded rows decode to each step's own ids, a tree row's hidden states are those of its accepted path's rows, the
 parents padding (-1, the root itself) is never read as parents, and the per-depth metrics count what a tree reached."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -64,6 +66,10 @@ def test_encoded_rounds_carry_draft_tree_only_when_a_drafting_row_may_branch():
     assert encode_round(steps, False)["draft_tree"].reshape(-1).tolist() == [True, True, False]
     chains = [StepInputs(1, [9], 2, "suffix", SamplingParams(), 0)]
     assert "draft_tree" not in encode_round(chains, False)
+    assert "tree_top_k" not in encode_round(steps, False)  # no row set a shape: draft_model's config
+    shaped = encode_round([replace(steps[0], tree_top_k=3), steps[1]], False)
+    assert shaped["tree_top_k"].tolist() == [[3], [0]] and shaped["tree_top_k"].dtype == np.int32
+    assert "tree_depth" not in shaped
 
 
 def test_the_depth_counters_count_what_a_tree_reached():

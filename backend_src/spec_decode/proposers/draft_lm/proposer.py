@@ -25,6 +25,7 @@ from ...engine.kv_cache import CachedCausalLM
 from ...engine.model_loading import load_cached_lm
 from ...sampling import NoisePurpose
 from ...settings import InvalidInputError, LMSettings, in_range
+from ...tree import MAX_TREE_TOP_K
 from ..base import Proposal, ProposalRequest, Proposer, by_shape, draft_token, slot_outcomes, takes_tree
 from .artifacts import draft_lm_configured, resolve_draft_path
 from .tree import draft_lm_trees
@@ -58,7 +59,7 @@ class DraftLMSettings(LMSettings):
         draft_tree_top_k in [1, 10]."""
         super().check()
         in_range("draft_min_token_prob", self.draft_min_token_prob, 0.0, 1.0)
-        in_range("draft_tree_top_k", self.draft_tree_top_k, 1, 10)
+        in_range("draft_tree_top_k", self.draft_tree_top_k, 1, MAX_TREE_TOP_K)
         in_range("draft_branch_prob", self.draft_branch_prob, 0.0, 1.0)
 
 
@@ -77,6 +78,7 @@ class DraftModelProposer(Proposer):
 
     name = "draft"
     applies_processors = True
+    tree_widths = greedy_trees = True
     Settings = DraftLMSettings
     GAUGES = {
         "spec_decode_draft_kv_cache_sequences": "Sequences holding a KV cache in the draft LM",
@@ -146,7 +148,8 @@ class DraftModelProposer(Proposer):
         a sequence past the draft's positions drafts nothing, the others as before), or until the draft is unsure
         (``min_token_prob``): each draft position is one batched forward over the sequences that still draft
         (:meth:`CachedCausalLM.logits_batch`). A request that takes trees (``tree``, room for two nodes or more,
-        ``tree_top_k`` > 1) gets a tree that branches where the draft is unsure (:mod:`.tree`) instead.
+        ``tree_top_k`` > 1, the request's or else the config's) gets a tree that branches where the draft is unsure
+        (:mod:`.tree`) instead.
 
         Returns:
             per request, draft_token_ids [k'] int64 and draft_probs [k', V] float32 on the draft's device (the same as
@@ -156,7 +159,8 @@ class DraftModelProposer(Proposer):
             ValueError: a token id outside the draft's vocabulary, or a repeated seq_id.
         """
         ks = [self.room(r) for r in requests]
-        trees = [j for j, (r, k) in enumerate(zip(requests, ks)) if takes_tree(r) and k > 1 and self.tree_top_k > 1]
+        trees = [j for j, (r, k) in enumerate(zip(requests, ks))
+                 if takes_tree(r) and k > 1 and r.tree_shape(self.tree_top_k, 0)[0] > 1]
         return by_shape(len(requests), trees,
                         lambda rows: self._chains([requests[j] for j in rows], [ks[j] for j in rows]),
                         lambda rows: draft_lm_trees(self, [requests[j] for j in rows], [ks[j] for j in rows]))

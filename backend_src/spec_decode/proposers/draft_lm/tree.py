@@ -10,7 +10,8 @@ frontier. Each level is one batched forward of the draft LM over every request's
 (:meth:`~spec_decode.engine.kv_cache.CachedCausalLM.logits_batch` with parents: the nodes under the tree mask, on the
 draft's paged KV pool); then the ``k`` candidates of highest joint probability are kept
 (:func:`~spec_decode.proposers.speculators.candidate_tree.select_nodes`, EAGLE-2's rerank). A tree that never branched
-is the greedy chain.
+is the greedy chain. ``top_k`` is the request's ``tree_top_k``, else the config's ``draft_tree_top_k``; a request's
+``tree_depth`` caps the levels (else up to k).
 
 Each level's forward recomputes the tree's earlier nodes with its new ones (the cache keeps only committed tokens and
 the last forward's tree, whose accepted path the next round keeps: :mod:`spec_decode.engine.tree_slots`): at most k + 1
@@ -46,8 +47,10 @@ def draft_lm_trees(proposer: DraftModelProposer, requests: list[ProposalRequest]
     """Branching trees (module docstring) for requests that take trees.
 
     Args:
-        proposer: the draft LM proposer (its ``lm``, ``vocab``, ``tree_top_k``, ``branch_prob``, threshold).
-        requests: the requests, each with room ``ks[j] >= 2``: a tree of at most ``ks[j]`` nodes, ``ks[j]`` levels.
+        proposer: the draft LM proposer (its ``lm``, ``vocab``, ``branch_prob``, threshold, and ``tree_top_k`` where
+            a request sets none).
+        requests: the requests, each with room ``ks[j] >= 2``: a tree of at most ``ks[j]`` nodes, and as many levels
+            or its ``tree_depth`` (:meth:`~spec_decode.proposers.base.ProposalRequest.tree_shape`).
 
     Returns:
         per request, a tree (target ids, ``draft_parents``, no ``draft_probs``; score the sum of the kept nodes' joint
@@ -58,14 +61,16 @@ def draft_lm_trees(proposer: DraftModelProposer, requests: list[ProposalRequest]
         KVCacheFull: the round's trees need more pages than the draft's pool has.
     """
     vocab, lm = proposer.vocab, proposer.lm
-    width = proposer.tree_top_k
+    shapes = [r.tree_shape(proposer.tree_top_k, 0) for r in requests]
+    widths = [w for w, _ in shapes]
+    levels = [min(k, depth) for k, (_, depth) in zip(ks, shapes)]
     ids = [proposer.draft_ids(r.token_ids) for r in requests]
     cands: list[list[Candidate]] = [[] for _ in requests]
     draft_id: list[dict[int, int]] = [{} for _ in requests]  # candidate -> its draft-vocabulary id
     in_tree: list[list[int]] = [[] for _ in requests]  # the candidates a forward computes, parents first
     frontier: list[list[int]] = [[-1] for _ in requests]
     active = list(range(len(requests)))
-    for d in range(max(ks)):
+    for d in range(max(levels)):
         calls: list[tuple] = []
         for j in active:
             nodes = in_tree[j]
@@ -86,11 +91,13 @@ def draft_lm_trees(proposer: DraftModelProposer, requests: list[ProposalRequest]
                 owners.append((j, f))
                 rows.append(draft_distribution(row, requests[j], candidate_path(cands[j], f),
                                                None if vocab is None else vocab.token_ids, proposer.grammar))
-        top_probs, top_ids = top_k_to_host(torch.stack(rows), min(width, rows[0].shape[-1]))  # one copy per level
+        width = min(max(widths[j] for j in active), rows[0].shape[-1])
+        top_probs, top_ids = top_k_to_host(torch.stack(rows), width)  # one copy per level
         children: dict[int, list[tuple[float, int, int]]] = {j: [] for j in active}
         for (j, f), tp, ti in zip(owners, top_probs, top_ids):
             base = 1.0 if f < 0 else cands[j][f].joint
-            children[j] += [(joint, f, i) for joint, i in branch_children(tp, ti, base, proposer.branch_prob,
+            children[j] += [(joint, f, i) for joint, i in branch_children(tp[:widths[j]], ti[:widths[j]], base,
+                                                                          proposer.branch_prob,
                                                                           proposer.min_token_prob)]
         still = []
         for j in active:
@@ -100,8 +107,8 @@ def draft_lm_trees(proposer: DraftModelProposer, requests: list[ProposalRequest]
                 draft_id[j][len(cands[j])] = i
                 cands[j].append(Candidate(f, i if vocab is None else int(vocab.token_ids[i]), joint, d + 1))
             # at most k nodes in a forward: its positions stay within the room ks[j] gives
-            frontier[j] = list(range(first, first + min(width, len(ranked), ks[j] - len(in_tree[j]))))
-            if frontier[j] and d + 1 < ks[j]:
+            frontier[j] = list(range(first, first + min(widths[j], len(ranked), ks[j] - len(in_tree[j]))))
+            if frontier[j] and d + 1 < levels[j]:
                 in_tree[j] += frontier[j]
                 still.append(j)
         active = still

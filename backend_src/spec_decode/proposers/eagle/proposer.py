@@ -59,6 +59,7 @@ class EagleProposer(Proposer):
 
     name = "eagle"
     applies_processors = True
+    tree_widths = greedy_trees = True
     Settings = SpeculatorSettings
     needs_hidden_states = True
     purpose = NoisePurpose.EAGLE
@@ -224,9 +225,9 @@ class EagleProposer(Proposer):
 
     def _trees(self, requests: list[ProposalRequest], ks: list[int], live: list[int], ctxs: list[EagleContext],
                state: torch.Tensor) -> list[Proposal]:
-        """Dynamic trees for ``requests[live]`` (:func:`.tree.draft_trees`), ``depth`` levels at most (0: their
-        room)."""
-        depths = [min(ks[j], self.depth or ks[j]) for j in live]
+        """Dynamic trees for ``requests[live]`` (:func:`.tree.draft_trees`), each of its request's ``tree_depth``
+        levels at most, else ``depth`` (0: their room; :meth:`ProposalRequest.tree_shape`)."""
+        depths = [min(ks[j], requests[j].tree_shape(self.top_k, self.depth)[1]) for j in live]
         return draft_trees(self, [requests[j] for j in live], ctxs, state, depths)
 
     def _chains(self, requests: list[ProposalRequest], ks: list[int], live: list[int], ctxs: list[EagleContext],

@@ -6,7 +6,8 @@ Per round, for every request that takes trees (``tree`` and room for more than o
 committed pair (which gives the distribution of x_{n+1}):
 
 1. **Expand.** At depth d (0-based) every frontier node's distribution (the request's processors and sampling
-   transforms applied, :func:`~spec_decode.proposers.base.draft_distribution`) gives its ``top_k`` most probable
+   transforms applied, :func:`~spec_decode.proposers.base.draft_distribution`) gives its ``top_k`` (the request's
+   ``tree_top_k``, else the proposer's) most probable
    children, each with a joint probability: its parent's times its own. Every child of non-zero probability whose
    joint probability passes the confidence threshold becomes a candidate; the ``top_k`` candidates of highest joint
    probability are the next frontier.
@@ -52,6 +53,7 @@ class _Growing:
     request: ProposalRequest
     ctx: EagleContext
     depth: int  # levels it may draft
+    width: int  # children per expanded node and frontier nodes per level (top_k)
     committed: int  # the context's committed pairs
     candidates: list[Candidate] = field(default_factory=list)
     frontier: list[int] = field(default_factory=lambda: [-1])  # -1: the last committed token
@@ -85,7 +87,8 @@ def draft_trees(proposer: EagleProposer, requests: list[ProposalRequest], ctxs: 
     """Dynamic trees (module docstring) for requests whose contexts hold their committed pairs.
 
     Args:
-        proposer: the EAGLE proposer (its head, vocabulary, ``top_k``, threshold and ``forward_pairs``).
+        proposer: the EAGLE proposer (its head, vocabulary, ``top_k`` where a request sets none, threshold and
+            ``forward_pairs``).
         requests: the requests that take trees, each with room for >= 2 nodes.
         ctxs: their contexts (``length`` = committed pairs; the drafted pairs are written after them, ``length``
             grows, and the caller cuts them off).
@@ -101,8 +104,8 @@ def draft_trees(proposer: EagleProposer, requests: list[ProposalRequest], ctxs: 
         ValueError: from a request's grammar.
     """
     model, vocab = proposer.model, proposer.vocab
-    width = min(proposer.top_k, len(vocab))
-    trees = [_Growing(r, ctx, d, ctx.length) for r, ctx, d in zip(requests, ctxs, depths)]
+    trees = [_Growing(r, ctx, d, min(r.tree_shape(proposer.top_k, proposer.depth)[0], len(vocab)), ctx.length)
+             for r, ctx, d in zip(requests, ctxs, depths)]
     active = list(range(len(trees)))  # the trees with a frontier whose states are the rows of ``state``
     for d in range(max(depths)):
         logits = model.logits(state)
@@ -110,11 +113,11 @@ def draft_trees(proposer: EagleProposer, requests: list[ProposalRequest], ctxs: 
         probs = torch.stack([draft_distribution(logits[row], trees[t].request, candidate_path(trees[t].candidates, f),
                                                 vocab.token_ids, proposer.grammar)
                              for row, (t, f) in enumerate(owners)])
-        top_probs, top_ids = top_k_to_host(probs, width)  # one copy per level
+        top_probs, top_ids = top_k_to_host(probs, max(trees[t].width for t in active))  # one copy per level
         children: dict[int, list[tuple[float, int, int]]] = {t: [] for t in active}  # (joint, parent, draft index)
         for row, (t, f) in enumerate(owners):
-            base = 1.0 if f < 0 else trees[t].candidates[f].joint
-            children[t] += [(base * p, f, i) for p, i in zip(top_probs[row], top_ids[row])
+            base, width = 1.0 if f < 0 else trees[t].candidates[f].joint, trees[t].width
+            children[t] += [(base * p, f, i) for p, i in zip(top_probs[row][:width], top_ids[row][:width])
                             if p > 0 and base * p >= proposer.min_token_prob]
         row_of = {owner: row for row, owner in enumerate(owners)}  # (tree, node) -> its output's row of state
         step, parents, tokens = [], [], []
@@ -126,7 +129,7 @@ def draft_trees(proposer: EagleProposer, requests: list[ProposalRequest], ctxs: 
             if d + 1 >= tree.depth or not ranked:
                 tree.frontier = []
                 continue
-            tree.frontier = list(range(first, first + min(width, len(ranked))))
+            tree.frontier = list(range(first, first + min(tree.width, len(ranked))))
             step.append(t)
             for c, (_, f, i) in zip(tree.frontier, ranked):
                 parents.append(row_of[(t, f)])

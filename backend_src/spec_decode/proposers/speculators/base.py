@@ -13,6 +13,7 @@ from torch import nn
 
 from ...engine.model_loading import resolve_device, resolve_dtype, resolve_model_path
 from ...settings import InvalidInputError, LMSettings, in_range
+from ...tree import MAX_TREE_DEPTH, MAX_TREE_TOP_K
 from ..base import ProposalRequest, Proposer
 from .checkpoint import SpeculatorLoadError
 from .layouts import served_heads
@@ -60,8 +61,8 @@ class SpeculatorSettings(LMSettings):
 
         super().check()
         in_range("speculator_min_token_prob", self.speculator_min_token_prob, 0.0, 1.0)
-        in_range("tree_top_k", self.tree_top_k, 1, 10)
-        in_range("tree_depth", self.tree_depth, 0, 64)
+        in_range("tree_top_k", self.tree_top_k, 1, MAX_TREE_TOP_K)
+        in_range("tree_depth", self.tree_depth, 0, MAX_TREE_DEPTH)
         try:
             parse_choices(self.medusa_choices)
         except ValueError as exc:
@@ -95,6 +96,7 @@ class HeadProposer(Proposer):
     Settings: ClassVar[type[SpeculatorSettings]] = SpeculatorSettings  # type: ignore[assignment]
     needs_hidden_states = True
     applies_processors = True
+    tree_widths = greedy_trees = True  # (Medusa's trees are for every request)
 
     def __init__(self, head: Any, hidden_size: int, settings: SpeculatorSettings):
         self.head, self.hidden_size = head, hidden_size

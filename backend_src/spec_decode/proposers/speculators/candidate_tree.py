@@ -69,8 +69,9 @@ def propose_tree(proposer: HeadProposer, request: ProposalRequest) -> Proposal:
     candidates: list[Candidate] = []
     frontier = [-1]  # candidate indices (-1: the last committed token)
     tokens = [min(max(request.token_ids[-1], 0), vocab - 1)]  # Arctic Inference clamps too
-    width = min(proposer.tree_top_k, request.k, vocab)
-    for i in range(min(head.n_predict, request.k, proposer.tree_depth or request.k)):
+    top_k, depth = request.tree_shape(proposer.tree_top_k, proposer.tree_depth)
+    width = min(top_k, request.k, vocab)
+    for i in range(min(head.n_predict, depth)):
         logits, carry = head.step(i, carry, torch.tensor(tokens, dtype=torch.int64, device=dev))
         probs = torch.stack([draft_distribution(logits[row], request, candidate_path(candidates, f), None,
                                                 proposer.grammar) for row, f in enumerate(frontier)])

@@ -42,6 +42,7 @@ class MedusaProposer(HeadProposer):
     """
 
     name = "medusa"
+    greedy_trees = False  # its chains are argmaxes too: a tree for every request
     head: MedusaHead
 
     def __init__(self, head: MedusaHead, hidden_size: int, settings: SpeculatorSettings):
@@ -108,11 +109,14 @@ class MedusaProposer(HeadProposer):
     def _tree(self, logits: torch.Tensor, request: ProposalRequest, vocab: int) -> Proposal:
         """A candidate tree of at most ``request.k`` nodes from the heads' logits [n, V] (:mod:`.tree`): each head's
         top-k after the request's processors and sampling transforms, read by the host in one copy, combined by
-        ``medusa_choices`` (the joint-probability rule, or a fixed tree's first nodes). Drafts without probabilities
-        (deterministic, as the chain's); a tree of one path is returned as a chain."""
+        ``medusa_choices`` (the joint-probability rule, or a fixed tree's first nodes). A request's ``tree_top_k``
+        and ``tree_depth`` narrow what the tree draws from: each head's top ``tree_top_k`` and the first
+        ``tree_depth`` heads. Drafts without probabilities (deterministic, as the chain's); a tree of one path is
+        returned as a chain."""
+        top_k, depth = request.tree_shape(TOP_K, 0)
         probs = torch.stack([draft_distribution(logits[i], request, [], None, self.grammar)
-                             for i in range(logits.shape[0])])
-        top_probs, top_ids = top_k_to_host(probs, min(TOP_K, vocab))
+                             for i in range(min(logits.shape[0], depth))])
+        top_probs, top_ids = top_k_to_host(probs, min(top_k, vocab))
         paths = (dynamic_tree(top_probs, request.k, self.min_token_prob) if self.choices is None
                  else choices_tree(self.choices, top_probs, request.k, self.min_token_prob))
         if not paths:
