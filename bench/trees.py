@@ -33,13 +33,19 @@ proposers')."""
 
 
 def run_prompts(url: str, prompts: list[str], max_tokens: int, concurrency: int, **params) -> list[dict]:
-    """Each prompt streamed once (greedy), ``concurrency`` at a time; per prompt its output ids, seconds and steps."""
+    """Each prompt streamed once (greedy), ``concurrency`` at a time; per prompt its output ids, seconds and steps
+    (with ``auto``, also its steps by shape: ``none``, ``chain``, or ``tree`` and the width it chose, ``tree4``)."""
     from client.generate import stream_generate
 
     def one(prompt: str) -> dict:
         r = stream_generate(url, prompt, max_tokens, **params)
-        return {"ids": list(r.output_ids), "seconds": r.total_s, "steps": r.stats["num_steps"],
-                "drafted": r.stats["num_draft_tokens_total"]}
+        out = {"ids": list(r.output_ids), "seconds": r.total_s, "steps": r.stats["num_steps"],
+               "drafted": r.stats["num_draft_tokens_total"]}
+        if "auto_draft_trees" in r.stats:
+            shapes = ["none" if m == "none" else f"tree{w or ''}" if t else "chain" for m, t, w in zip(
+                r.stats["auto_methods"], r.stats["auto_draft_trees"], r.stats["auto_tree_top_k"])]
+            out["auto_shapes"] = {s: shapes.count(s) for s in sorted(set(shapes))}
+        return out
 
     with ThreadPoolExecutor(concurrency) as pool:
         return list(pool.map(one, prompts))
@@ -119,6 +125,13 @@ def main(argv: list[str] | None = None) -> int:
             table[f"{set_name}:{name}"] = s
             print(f"{set_name:10} {name:14} {s['tokens_per_step']:8.2f} {s['nodes_per_step']:10.2f} "
                   f"{s['tokens_per_s']:9.2f} {s['x_none']:7.2f}")
+        if "auto:tree" in runs:  # auto's steps by the shape it chose (a method's chains, or its trees of a width)
+            shapes: dict[str, int] = {}
+            for p in part("auto:tree", set_name):
+                for s, n in p.get("auto_shapes", {}).items():
+                    shapes[s] = shapes.get(s, 0) + n
+            table[f"{set_name}:auto:tree"]["auto_shapes"] = shapes
+            print(f"{'':10} auto's steps by shape: {shapes}")
         for method in args.methods.split(","):
             chain, tree = table[f"{set_name}:{method}:chain"], table[f"{set_name}:{method}:tree"]
             if method == "auto":  # auto choosing the shape against the best fixed setting and against none

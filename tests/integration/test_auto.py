@@ -16,6 +16,9 @@ SINGLES = set(METHODS) - {"hybrid"}  # what auto chooses among (none included)
 
 def _auto_steps(metrics_url: str, name: str = "spec_decode_auto_steps_total") -> dict[str, float]:
     samples = scrape(metrics_url)
+    if name == "spec_decode_auto_tree_steps_total":  # by method and tree width: summed over the widths
+        return {m: sum(v for (n, labels), v in samples.items() if n == name and ("method", m) in labels)
+                for m in SINGLES}
     return {m: value(samples, name, method=m) for m in SINGLES}
 
 

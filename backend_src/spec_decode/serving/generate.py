@@ -273,7 +273,7 @@ class GenerateBackend:
         method = ran.method
         self.metrics.add("spec_decode_auto_steps_total", 1, method=method)
         if ran.draft_tree:
-            self.metrics.add("spec_decode_auto_tree_steps_total", 1, method=method)
+            self.metrics.add("spec_decode_auto_tree_steps_total", 1, method=method, tree_top_k=str(ran.tree_top_k))
         self.metrics.add("spec_decode_auto_draft_tokens_total", after.draft_tokens - before[1], method=method)
         self.metrics.add("spec_decode_auto_accepted_tokens_total", after.accepted_tokens - before[2], method=method)
 
