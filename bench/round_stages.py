@@ -1,8 +1,8 @@
 """Where a served round's time goes: a stage breakdown of one round through the real server (``make bench``).
 
-For ``none`` and suffix decoding (k = 4), each on a fresh tritonserver, at concurrency 1 and 8 (greedy, held-out
-HumanEval prompts), the milliseconds per round of each stage, from the server's own counters (docs/metrics.md) read
-before and after the load:
+For ``none`` and suffix decoding (k = 4; ``--methods``, where ``eagle3:chain`` / ``eagle3:tree`` sends ``draft_tree``
+false / true), each on a fresh tritonserver, at concurrency 1 and 8 (greedy, held-out HumanEval prompts), the
+milliseconds per round of each stage, from the server's own counters (docs/metrics.md) read before and after the load:
 
 - generate (``spec_decode_round_seconds_total``): ``plan`` (auto and the token budget), ``build_request`` (the BLS
   request's tensors), ``ensemble`` (awaiting the BLS call), ``parse_response`` (the response into step results),
@@ -94,14 +94,15 @@ def breakdown(before: dict[str, float], after: dict[str, float], seconds: float)
     return out
 
 
-def run(method: str, k: int, concurrency: int, prompts: list[str], max_tokens: int, srv) -> dict:
-    """One load on a running server: ``concurrency`` greedy streams over ``prompts``; its :func:`breakdown`."""
+def run(method: str, k: int, concurrency: int, prompts: list[str], max_tokens: int, srv, **params) -> dict:
+    """One load on a running server: ``concurrency`` greedy streams over ``prompts`` (``params``: more ``generate``
+    inputs); its :func:`breakdown`."""
     from client.bench import bench_concurrent
 
     time.sleep(SETTLE_S)
     before = counters(srv.metrics_url)
     t0 = time.perf_counter()
-    load = bench_concurrent(srv.grpc_url, prompts, max_tokens, method, k, concurrency)
+    load = bench_concurrent(srv.grpc_url, prompts, max_tokens, method, k, concurrency, **params)
     seconds = time.perf_counter() - t0
     time.sleep(SETTLE_S)
     return {"method": method, "k": k, "concurrency": concurrency, "tokens_per_s": load["tokens_per_s"],
@@ -119,20 +120,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--methods", default="none,suffix")
     ap.add_argument("--num-draft-tokens", type=int, default=4)
+    ap.add_argument("--min-token-prob", default=None, help="draft_model's speculator_min_token_prob and "
+                                                            "draft_min_token_prob (default: the config's)")
     ap.add_argument("--output", type=Path, default=Path("results/round_stages.json"))
     args = ap.parse_args(argv)
     prompts = humaneval_prompts(args.prompts)
     rows = []
-    for method in args.methods.split(","):
+    overrides = None if args.min_token_prob is None else {"draft_model": {
+        "speculator_min_token_prob": args.min_token_prob, "draft_min_token_prob": args.min_token_prob}}
+    for spec in args.methods.split(","):
+        method, _, shape = spec.partition(":")
+        params = {"draft_tree": shape == "tree"} if shape else {}
         k = 0 if method == "none" else args.num_draft_tokens
-        log = args.output.with_name(f"{args.output.stem}.{method}.server.log")
+        log = args.output.with_name(f"{args.output.stem}.{spec.replace(':', '.')}.server.log")
         args.output.parent.mkdir(parents=True, exist_ok=True)
-        with TritonServer(prepare_repository(None), log_path=log) as srv:
+        with TritonServer(prepare_repository(overrides), log_path=log) as srv:
             srv.wait_ready()
-            stream_generate(srv.grpc_url, "warm up", 4, speculative_method=method)
+            stream_generate(srv.grpc_url, "warm up", 4, speculative_method=method, **params)
             for concurrency in (1, 8):
-                print(f"{method} (k={k}) at concurrency {concurrency} ...", flush=True)
-                rows.append(run(method, k, concurrency, prompts, args.max_tokens, srv))
+                print(f"{spec} (k={k}) at concurrency {concurrency} ...", flush=True)
+                row = run(method, k, concurrency, prompts, args.max_tokens, srv, **params)
+                rows.append({**row, "method": spec})
     names = list(rows[0]["ms_per_round"])
     head = "".join(f"{r['method']} c={r['concurrency']:<3}".rjust(16) for r in rows)
     print(f"\nms per round{'':<47}{head}")

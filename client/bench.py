@@ -110,8 +110,10 @@ def bench_transformers(prompts: list[str], max_tokens: int, k: int = 4) -> list[
     return rows
 
 
-def bench_concurrent(url: str, prompts: list[str], max_tokens: int, method: str, k: int, concurrency: int) -> dict:
-    """``concurrency`` streams at once over ``prompts`` (each stream takes the next prompt when it finishes).
+def bench_concurrent(url: str, prompts: list[str], max_tokens: int, method: str, k: int, concurrency: int,
+                     **params) -> dict:
+    """``concurrency`` streams at once over ``prompts`` (each stream takes the next prompt when it finishes);
+    ``params``: more ``generate`` inputs of every request (``draft_tree``, ...).
 
     Returns:
         dict with method, concurrency, tokens, seconds (wall clock, first send to last response), tokens_per_s.
@@ -123,7 +125,7 @@ def bench_concurrent(url: str, prompts: list[str], max_tokens: int, method: str,
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         results = list(pool.map(lambda p: stream_generate(url, p, max_tokens, speculative_method=method,
-                                                          num_draft_tokens=k), prompts))
+                                                          num_draft_tokens=k, **params), prompts))
     seconds = time.perf_counter() - t0
     tokens = sum(len(r.output_ids) for r in results)
     return {"method": f"server:{method}", "concurrency": concurrency, "tokens": tokens, "seconds": seconds,
