@@ -66,7 +66,7 @@ def draft_lm_trees(proposer: DraftModelProposer, requests: list[ProposalRequest]
     levels = [min(k, depth) for k, (_, depth) in zip(ks, shapes)]
     ids = [proposer.draft_ids(r.token_ids) for r in requests]
     cands: list[list[Candidate]] = [[] for _ in requests]
-    draft_id: list[dict[int, int]] = [{} for _ in requests]  # candidate -> its draft-vocabulary id
+    draft_id: list[list[int]] = [[] for _ in requests]  # per candidate, its draft-vocabulary id
     in_tree: list[list[int]] = [[] for _ in requests]  # the candidates a forward computes, parents first
     frontier: list[list[int]] = [[-1] for _ in requests]
     active = list(range(len(requests)))
@@ -104,7 +104,7 @@ def draft_lm_trees(proposer: DraftModelProposer, requests: list[ProposalRequest]
             ranked = sorted(children[j], key=lambda c: -c[0])
             first = len(cands[j])
             for joint, f, i in ranked:
-                draft_id[j][len(cands[j])] = i
+                draft_id[j].append(i)
                 cands[j].append(Candidate(f, i if vocab is None else int(vocab.token_ids[i]), joint, d + 1))
             # at most k nodes in a forward: its positions stay within the room ks[j] gives
             frontier[j] = list(range(first, first + min(widths[j], len(ranked), ks[j] - len(in_tree[j]))))
