@@ -206,9 +206,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="draft_tree: --draft-tree lets the proposer draft a tree, --no-draft-tree asks for chains "
                          "(the server's default when omitted; docs/trees.md)")
     ap.add_argument("--tree-top-k", dest="tree_top_k", type=int, default=None,
-                    help="tree_top_k: the tree's children per expanded node, 1-10 (draft_model's config when omitted)")
+                    help="tree_top_k: the tree's children per expanded node, 0-10 (0 or omitted: draft_model's config)")
     ap.add_argument("--tree-depth", dest="tree_depth", type=int, default=None,
-                    help="tree_depth: the tree's levels at most, 1-64 (draft_model's config when omitted)")
+                    help="tree_depth: the tree's levels at most, 0-64 (0 or omitted: draft_model's config)")
     ap.add_argument("--temperature", type=float, default=None)
     ap.add_argument("--top-k", type=int, default=None)
     ap.add_argument("--top-p", type=float, default=None)

@@ -78,8 +78,9 @@ class GenerateCall:
 
 
 def _typed(body: dict, name: str, kind: type, default: Any = None, wide: bool = False) -> Any:
-    """``body[name]`` checked to be of ``kind`` (an int is a float; a bool is neither; an int fits in 32 bits unless
-    ``wide``), or ``default`` when absent or null."""
+    """``body[name]`` checked to be of ``kind`` (an int is a float, and a float of a whole value is an int, as
+    pydantic's lax mode in vLLM's server takes them; a bool is neither; an int fits in 32 bits unless ``wide``), or
+    ``default`` when absent or null."""
     v = body.get(name)
     if v is None:
         return default
@@ -89,6 +90,8 @@ def _typed(body: dict, name: str, kind: type, default: Any = None, wide: bool = 
             ok, v = True, float(v)
         except OverflowError:
             raise bad_value(name, f"{str(v)[:20]}... is too large") from None
+    if kind is int and isinstance(v, float) and v.is_integer():
+        ok, v = True, int(v)
     if ok and kind is int and not wide and not -INT32_MAX - 1 <= v <= INT32_MAX:
         raise bad_value(name, f"must fit in 32 bits, got {str(v)[:40]}")
     if not ok:

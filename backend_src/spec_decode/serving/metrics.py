@@ -43,7 +43,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "spec_decode_auto_accepted_tokens_total": (COUNTER, "Draft tokens accepted in auto's steps, by the method it "
                                                         "chose"),
     "spec_decode_auto_tree_steps_total": (COUNTER, "auto's steps for which it chose a draft tree over a chain, by the "
-                                                   "method and the tree width (tree_top_k; 0: none) it chose"),
+                                                   "method and the tree width it chose (tree_top_k; 0: a proposer "
+                                                   "whose trees have none)"),
     "spec_decode_max_emitted_tokens_total": (COUNTER, "The most tokens the committed steps could emit (sum of k + 1), "
                                                       "by method"),
     "spec_decode_acceptance_rate": (GAUGE, "Accepted / draft tokens since start, by method"),

@@ -38,6 +38,8 @@ def test_completion_maps_every_control_to_generate_inputs():
     assert i["return_log_probs"].tolist() == [True] and i["top_logprobs"].tolist() == [2]
     assert i["draft_tree"].tolist() == [False] and i["tree_top_k"].tolist() == [2] and i["tree_depth"].tolist() == [3]
     assert i["tree_top_k"].dtype == np.int32 and i["draft_tree"].dtype == np.bool_
+    whole = parse_completion({"model": "m", "prompt": "x", "tree_top_k": 3.0, "max_tokens": 5.0}).inputs
+    assert whole["tree_top_k"].tolist() == [3] and whole["max_tokens"].tolist() == [5]  # a whole float is an integer
     assert "user" not in i and "stream" not in i
 
 
