@@ -12,6 +12,7 @@ from client.generate import build_inputs, stream_generate
 from spec_decode.proposers import METHODS
 
 N_TOKENS = 64  # greedy_references (conftest.py) holds this many tokens per prompt
+GREEDY_TOKENS = 48  # per method below (64 for auto: tests/integration/test_auto.py; every method in bfloat16 too)
 
 
 def test_the_server_offers_every_registered_method(server):
@@ -24,14 +25,15 @@ def test_the_server_offers_every_registered_method(server):
 
 @pytest.mark.parametrize("method", METHODS)  # every registered proposer (the session's server serves them all)
 def test_greedy_output_equals_target_greedy(server, greedy_references, method):
-    """The 5 prompts as 5 concurrent streams (lockstep rounds batch them into one forward per round): each output is
-    the target's own greedy output. Every method solo, at k 1, 4 and 8: tests/integration/test_stops.py; every head
-    solo: tests/integration/test_speculators.py."""
+    """The 5 prompts as 5 concurrent streams (lockstep rounds batch them into one forward per round): each output (48
+    tokens) is the target's own greedy output. Every method solo, at k 1, 4 and 8: tests/integration/test_stops.py;
+    every head solo: tests/integration/test_speculators.py."""
     with ThreadPoolExecutor(len(greedy_references)) as pool:
-        runs = [pool.submit(stream_generate, server.grpc_url, prompt, N_TOKENS, speculative_method=method,
+        runs = [pool.submit(stream_generate, server.grpc_url, prompt, GREEDY_TOKENS, speculative_method=method,
                             num_draft_tokens=4) for prompt, _ in greedy_references]
         results = [f.result(timeout=600) for f in runs]
     for (prompt, ref), r in zip(greedy_references, results):
+        ref = ref[:GREEDY_TOKENS]
         assert r.output_ids == ref, (method, prompt[:60])
         assert r.stats["num_emitted_tokens"] == len(ref)
         if method == "none":
@@ -216,9 +218,9 @@ def test_cancelled_stream_leaves_server_serving(server):
 
 def test_disable_by_batch_size_turns_speculation_off(tmp_path, greedy_references, server):
     """A server with disable_by_batch_size=1: every running request reaches the threshold, so no step drafts; and a
-    seeded sampled request gives there the tokens it gives on the default server (fixture ``server``) with every
-    method at k = 1 and 4, four streams at a time, and beside three other streams: the coupled race (docs/verifier.md)
-    makes a seeded request's output independent of the drafts, k and the load."""
+    seeded sampled request gives there the tokens it gives on the default server (fixture ``server``) with every method
+    at k = 4 (the model proposers at 1 too), four streams at a time, and beside three other streams: the coupled race
+    (docs/verifier.md) makes a seeded request's output independent of the drafts, k and the load."""
     from spec_decode.launcher import TritonServer, prepare_repository
 
     repo = prepare_repository({"generate": {"disable_by_batch_size": "1"}})
@@ -231,8 +233,9 @@ def test_disable_by_batch_size_turns_speculation_off(tmp_path, greedy_references
         seeded = dict(temperature=0.8, random_seed=24)
         alone = stream_generate(srv.grpc_url, prompt, 32, speculative_method="suffix", **seeded)
         assert alone.stats["num_draft_tokens_total"] == 0 and len(alone.output_ids) >= 8
-    # every method at k 1 and 4, four streams at a time (each also beside three others of different drafts)
-    cases = [(method, k) for method in METHODS for k in (1, 4)]
+    # every method at k 4 and the model proposers also at k 1 (one draft: a chain), four streams at a time (each
+    # beside three others of different drafts)
+    cases = [(method, 4) for method in METHODS] + [(m, 1) for m in ("draft", "eagle3", "medusa", "mlp_speculator")]
     with ThreadPoolExecutor(4) as pool:
         runs = [pool.submit(stream_generate, server.grpc_url, prompt, 32, speculative_method=method,
                             num_draft_tokens=k, **seeded) for method, k in cases]
