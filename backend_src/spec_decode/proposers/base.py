@@ -141,7 +141,7 @@ class Proposer:
             structured output). Default False (the target rejects the drafts the processors forbid).
         tree_widths: True when its trees take a width, ``tree_top_k`` (the heads, the draft LM): ``auto`` chooses
             it per step. Default False (the model-free proposers' trees follow their matches).
-        greedy_trees: True when it drafts trees for greedy requests only (:func:`takes_tree`: the proposers whose
+        greedy_trees: True when it drafts trees for greedy requests only (:meth:`takes_tree`: the proposers whose
             chains are drawn); ``auto`` then offers it a sampled request's steps as chains. Default False.
 
     Subclasses implement :meth:`propose` and override, where the defaults do not fit: :meth:`from_config` (default
@@ -155,7 +155,7 @@ class Proposer:
     GAUGES: ClassVar[dict[str, str]] = {}
     applies_processors: ClassVar[bool] = False  # drafts from a distribution through draft_token (draft LM, EAGLE)
     tree_widths: ClassVar[bool] = False  # its trees take a width (tree_top_k)
-    greedy_trees: ClassVar[bool] = False  # it drafts trees for greedy requests only (takes_tree)
+    greedy_trees: ClassVar[bool] = False  # it drafts trees for greedy requests only (:meth:`takes_tree`)
     grammar: GrammarCache | None = None  # draft_model's grammar matchers, set on proposers that apply processors
 
     def __init__(self, settings: ConfigSettings | None = None) -> None:
@@ -222,6 +222,14 @@ class Proposer:
     def check(self, request: ProposalRequest) -> None:
         """Raise ValueError (:class:`~spec_decode.settings.InvalidInputError`, naming the input) when ``request``
         cannot be proposed for: draft_model then fails that row alone. Default: every request passes."""
+
+    def takes_tree(self, request: ProposalRequest) -> bool:
+        """Whether this proposer drafts ``request`` as a tree: it takes trees (``tree``), and, for a proposer whose
+        chains are drawn from its distribution (``greedy_trees``), it is greedy. A sampled request then gets a chain:
+        its drafts drawn from q (raced against the target's own noise when seeded) are accepted with min(1, p/q),
+        which a tree's chosen nodes (one-hot q, accepted with p) fall far short of; both are exact. ``auto`` reads
+        the same ``greedy_trees``."""
+        return request.tree and (request.params.is_greedy or not self.greedy_trees)
 
     def observe(self, requests: list[ProposalRequest]) -> None:
         """Take in steps that a composed proposer (hybrid) drafted with another proposer, so that per-sequence state
@@ -295,14 +303,6 @@ def draft_token(logits: torch.Tensor, request: ProposalRequest, purpose: NoisePu
         e = coupled_exponentials(request.params.seed, request.position(slot), max(size, n if cols is None else 0))
         return race(probs, e[:n] if cols is None else e[cols], lazy), probs
     return sample_from(probs, generator_for(request.params.seed, request.step, purpose, slot)), probs
-
-
-def takes_tree(request: ProposalRequest) -> bool:
-    """Whether a model proposer whose chains are drawn from its distribution drafts ``request`` as a tree: only a
-    greedy request that takes trees. A sampled request gets a chain: its drafts drawn from q (raced against the
-    target's own noise when seeded) are accepted with min(1, p/q), which a tree's chosen nodes (one-hot q, accepted
-    with p) fall far short of; both are exact."""
-    return request.tree and request.params.is_greedy
 
 
 def by_shape(count: int, trees: list[int], draft_chains: Callable[[list[int]], list[Proposal]],

@@ -78,7 +78,8 @@ class AutoController:
         tree_methods: those of ``methods`` that draft trees for a request that allows them (``draft_tree``): for such
             a row the controller also chooses the shape, chain or tree, at each step (:meth:`plan`).
         greedy_tree_methods: those of ``tree_methods`` that draft trees only for greedy requests (the proposers whose
-            chains are drawn: :func:`spec_decode.proposers.base.takes_tree`); a sampled row takes them as chains.
+            chains are drawn: :meth:`spec_decode.proposers.base.Proposer.takes_tree`); a sampled row takes them as
+            chains.
         width_methods: those of ``tree_methods`` whose trees take a width (``tree_top_k``): auto chooses it among
             ``tree_top_ks`` per step, each width an arm of its own (a request's own ``tree_top_k`` is kept).
         tree_top_ks: those widths, each in [1, 10].

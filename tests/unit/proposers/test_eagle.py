@@ -242,7 +242,7 @@ def test_sampled_drafts_come_from_the_distributions_they_return(head_dirs, tiny_
 
 # 0: every slot. The other threshold sits among each random head's confidences at the second slot, so whether a step
 # drafts it depends on the first sampled draft: the law must hold under that stopping rule too.
-# tree: the requests allow trees; sampled ones still draft chains (proposers.base.takes_tree), whose law this checks.
+# tree: the requests allow trees; sampled ones still draft chains (Proposer.takes_tree), whose law this checks.
 @pytest.mark.parametrize("method, min_token_prob, tree", [("eagle", 0.0, False), ("eagle", 0.00046, False),
                                                           ("eagle3", 0.0, False), ("eagle3", 0.2, False),
                                                           ("eagle3", 0.0, True)])

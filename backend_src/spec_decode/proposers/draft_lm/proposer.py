@@ -26,7 +26,7 @@ from ...engine.model_loading import load_cached_lm
 from ...sampling import NoisePurpose
 from ...settings import InvalidInputError, LMSettings, in_range
 from ...tree import MAX_TREE_TOP_K
-from ..base import Proposal, ProposalRequest, Proposer, by_shape, draft_token, slot_outcomes, takes_tree
+from ..base import Proposal, ProposalRequest, Proposer, by_shape, draft_token, slot_outcomes
 from .artifacts import draft_lm_configured, resolve_draft_path
 from .tree import draft_lm_trees
 
@@ -160,7 +160,7 @@ class DraftModelProposer(Proposer):
         """
         ks = [self.room(r) for r in requests]
         trees = [j for j, (r, k) in enumerate(zip(requests, ks))
-                 if takes_tree(r) and k > 1 and r.tree_shape(self.tree_top_k, 0)[0] > 1]
+                 if self.takes_tree(r) and k > 1 and r.tree_shape(self.tree_top_k, 0)[0] > 1]
         return by_shape(len(requests), trees,
                         lambda rows: self._chains([requests[j] for j in rows], [ks[j] for j in rows]),
                         lambda rows: draft_lm_trees(self, [requests[j] for j in rows], [ks[j] for j in rows]))

@@ -18,7 +18,7 @@ from ...engine.draft_vocab import DraftVocab
 from ...sampling import NoisePurpose
 from ...sequences import SequenceLRU, common_prefix_len
 from ...settings import InvalidInputError
-from ..base import Proposal, ProposalRequest, Proposer, by_shape, draft_token, slot_outcomes, takes_tree
+from ..base import Proposal, ProposalRequest, Proposer, by_shape, draft_token, slot_outcomes
 from ..speculators.base import SpeculatorSettings, check_hidden_states, head_served, load_served_head, place_head
 from ..speculators.layouts import aux_hidden_state_layers
 from ..speculators.target import TargetInfo
@@ -215,7 +215,7 @@ class EagleProposer(Proposer):
         def part(drafted):  # the drafting of some live rows: their requests' indices, contexts and states
             return lambda rows: drafted(requests, ks, [live[n] for n in rows], [ctxs[n] for n in rows],
                                         state.index_select(0, torch.tensor(rows, device=state.device)))
-        grow = [n for n, j in enumerate(live) if takes_tree(requests[j]) and ks[j] > 1]
+        grow = [n for n, j in enumerate(live) if self.takes_tree(requests[j]) and ks[j] > 1]
         for j, p in zip(live, by_shape(len(live), grow, part(self._chains), part(self._trees))):
             out[j] = p
         for j, ctx in zip(live, ctxs):  # drop the drafted pairs: only the committed ones stay

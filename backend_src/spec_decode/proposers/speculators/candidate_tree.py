@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ...sampling import NoisePurpose
-from ..base import Proposal, ProposalRequest, by_shape, draft_distribution, takes_tree, top_k_to_host
+from ..base import Proposal, ProposalRequest, by_shape, draft_distribution, top_k_to_host
 from .base import HeadProposer
 
 
@@ -112,7 +112,7 @@ def propose_heads(proposer: HeadProposer, requests: list[ProposalRequest], purpo
         Proposal]:
     """Drafts of a chain head for a round: the requests that take trees (``tree``, k >= 2) a candidate tree each
     (:func:`propose_tree`), the others ``chain(proposer, requests, purpose)`` together (the batched chain drafting)."""
-    trees = [j for j, r in enumerate(requests) if takes_tree(r) and r.k > 1]
+    trees = [j for j, r in enumerate(requests) if proposer.takes_tree(r) and r.k > 1]
     return by_shape(len(requests), trees, lambda rows: chain(proposer, [requests[j] for j in rows], purpose),
                     lambda rows: [propose_tree(proposer, requests[j]) for j in rows])
 

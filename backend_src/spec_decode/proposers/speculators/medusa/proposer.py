@@ -104,7 +104,7 @@ class MedusaProposer(HeadProposer):
 
     def _as_tree(self, request: ProposalRequest) -> bool:
         """Whether ``request`` is drafted as a candidate tree: it takes trees and has room for more than one node."""
-        return request.tree and request.k > 1 and self.head.num_heads > 0
+        return self.takes_tree(request) and request.k > 1 and self.head.num_heads > 0
 
     def _tree(self, logits: torch.Tensor, request: ProposalRequest, vocab: int) -> Proposal:
         """A candidate tree of at most ``request.k`` nodes from the heads' logits [n, V] (:mod:`.tree`): each head's
