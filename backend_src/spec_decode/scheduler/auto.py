@@ -119,7 +119,8 @@ class AutoController:
                              f"among the tree methods, with widths")
         self.model_methods, self.tree_methods = frozenset(model_methods), frozenset(tree_methods)
         self.greedy_tree_methods = frozenset(greedy_tree_methods)
-        self.widths = {m: tuple(tree_top_ks) if m in width_methods else (0,) for m in self.tree_methods}
+        self.width_methods = frozenset(width_methods)
+        self.widths = {m: tuple(tree_top_ks) if m in self.width_methods else (0,) for m in self.tree_methods}
         self.decay, self.server_decay = decay, server_decay
         self.prior_weight = prior_weight
         self.max_backoff, self.max_idle_backoff = max_backoff, max_idle_backoff
@@ -144,7 +145,7 @@ class AutoController:
         name = arm(method, tree, top_k)
         seq = self.sequences.get(seq_id)
         mine = seq.stats.get(name) if seq is not None else None
-        server = self.server.setdefault(name, AcceptanceStats())  # (a width a request set itself)
+        server = self.server.get(name, AcceptanceStats())  # (none yet for a width a request set itself)
         if tree and not server.trials and mine is None:
             return self.alpha(seq_id, method)
         return self._estimate(mine, server)
@@ -153,7 +154,7 @@ class AutoController:
         """The depth a tree of ``method`` (width ``top_k``) reaches per node of its budget, for ``seq_id``: its
         trees' decayed (depth, nodes) sums, with the server's as a prior worth ``prior_weight`` trees, and 1 (a
         chain) before any tree; in (0, 1]."""
-        server = self.server_depths.setdefault(arm(method, True, top_k), AcceptanceStats())
+        server = self.server_depths.get(arm(method, True, top_k), AcceptanceStats())
         prior = (server.successes + 1.0) / (server.trials + 1.0)  # one chain-like tree of one node as the prior
         seq = self.sequences.get(seq_id)
         mine = seq.depths.get(arm(method, True, top_k)) if seq is not None else None
@@ -169,12 +170,12 @@ class AutoController:
         ``cap``)."""
         def value(w: int) -> tuple[bool, float, float, float]:
             a, ratio = self.alpha(seq_id, method, True, w), self.depth_ratio(seq_id, method, w)
-            untried = not self.server.setdefault(arm(method, True, w), AcceptanceStats()).trials
+            untried = not self.server.get(arm(method, True, w), AcceptanceStats()).trials
             return untried, expected_tokens(a, ratio * cap), a, ratio
 
-        best = max(widths, key=lambda w: value(w)[:2])
-        _, _, a, ratio = value(best)
-        return best, a, ratio
+        values = {w: value(w) for w in widths}
+        best = max(widths, key=lambda w: values[w][:2])
+        return best, values[best][2], values[best][3]
 
     def offer_rate(self, seq_id: int, method: str) -> float:
         """The chance that ``method`` drafts anything when asked, for ``seq_id`` (suffix decoding and n-gram lookup
@@ -244,7 +245,7 @@ class AutoController:
             for m in self.methods:
                 r.alphas[m] = self.alpha(r.seq_id, m)
                 if m in r.trees:  # the width its tree would take (the request's own, else auto's choice)
-                    widths = (r.top_k,) if r.top_k and self.widths[m] != (0,) else self.widths[m]
+                    widths = (r.top_k,) if r.top_k and m in self.width_methods else self.widths[m]
                     r.widths[m], r.alphas[arm(m, True)], r.ratios[m] = self.tree_width(r.seq_id, m, widths, r.cap)
         current = tokens / cost(positions, used)
         while True:
@@ -358,7 +359,7 @@ class AutoController:
         depth = res.num_draft_tokens if res.draft_depth is None else res.draft_depth  # a tree: its deepest path
         succ, trials = step_trials(depth, min(len(res.output_ids) - 1, depth))
         tree = inp.draft_tree and m in self._tree_methods(inp)
-        name = arm(m, tree, inp.tree_top_k if tree and self.widths[m] != (0,) else 0)
+        name = arm(m, tree, inp.tree_top_k if tree and m in self.width_methods else 0)
         for counts, factor in ((seq.stats.setdefault(name, AcceptanceStats()), self.decay),
                                (self.server.setdefault(name, AcceptanceStats()), self.server_decay)):
             counts.decay(factor)
