@@ -24,6 +24,7 @@ import os
 import platform
 import sys
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -44,7 +45,7 @@ def run_prompts(url: str, prompts: list[str], max_tokens: int, concurrency: int,
         if "auto_draft_trees" in r.stats:
             shapes = ["none" if m == "none" else f"tree{w or ''}" if t else "chain" for m, t, w in zip(
                 r.stats["auto_methods"], r.stats["auto_draft_trees"], r.stats["auto_tree_top_k"])]
-            out["auto_shapes"] = {s: shapes.count(s) for s in sorted(set(shapes))}
+            out["auto_shapes"] = dict(Counter(shapes))
         return out
 
     with ThreadPoolExecutor(concurrency) as pool:
@@ -126,10 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{set_name:10} {name:14} {s['tokens_per_step']:8.2f} {s['nodes_per_step']:10.2f} "
                   f"{s['tokens_per_s']:9.2f} {s['x_none']:7.2f}")
         if "auto:tree" in runs:  # auto's steps by the shape it chose (a method's chains, or its trees of a width)
-            shapes: dict[str, int] = {}
-            for p in part("auto:tree", set_name):
-                for s, n in p.get("auto_shapes", {}).items():
-                    shapes[s] = shapes.get(s, 0) + n
+            shapes = dict(sum((Counter(p.get("auto_shapes", {})) for p in part("auto:tree", set_name)), Counter()))
             table[f"{set_name}:auto:tree"]["auto_shapes"] = shapes
             print(f"{'':10} auto's steps by shape: {shapes}")
         for method in args.methods.split(","):
